@@ -1,0 +1,98 @@
+"""Every task of the ciclo monorepo is a nox session (uv backend).
+
+    nox                      # lint, typecheck and every test session
+    nox -s demo              # the README demo
+    nox -s "tests-3.11(package='core')"
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2024.4.15"
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.error_on_external_run = True
+
+ROOT = Path(__file__).parent
+PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+PYTHONS = ["3.11", "3.13"]  # the oldest supported, and the newest (with the newest jax)
+ADAPTERS = ("flax", "haiku", "equinox")
+ENV = {
+    # Tests run on 8 simulated devices so multi-device code is exercised on every run.
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    "JAX_PLATFORMS": "cpu",
+    "UV_COMPILE_BYTECODE": "1",
+    "PYTHONDONTWRITEBYTECODE": "",
+    "TF_CPP_MIN_LOG_LEVEL": "3",
+}
+
+
+def _expose_pyenv_pythons() -> None:
+    """Lets nox find every pyenv-installed Python (shims only answer for active versions)."""
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    if "PYENV_VERSION" in os.environ or not os.path.isdir(root):
+        return
+    versions = sorted(
+        os.path.basename(p) for p in glob.glob(os.path.join(root, "versions", "3.1[1-9].*"))
+    )
+    if versions:
+        os.environ["PYENV_VERSION"] = ":".join(versions)
+
+
+_expose_pyenv_pythons()
+
+
+def _packages(*names: str) -> list[str]:
+    args: list[str] = []
+    for name in ("core", *names):
+        args += ["-e", str(ROOT / "packages" / f"ciclo-{name}")]
+    return args
+
+
+def _install_tests(session: nox.Session, *adapters: str) -> None:
+    session.install(*_packages(*adapters), *nox.project.dependency_groups(PYPROJECT, "test"))
+
+
+@nox.session(python=PYTHONS[0])
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check."""
+    session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHONS[0])
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on ciclo-core's public API."""
+    session.install(*_packages(), *nox.project.dependency_groups(PYPROJECT, "typecheck"))
+    session.run("mypy", "packages/ciclo-core/src/ciclo")
+
+
+@nox.session(python=PYTHONS)
+@nox.parametrize("package", ["core", *ADAPTERS, "integration"])
+def tests(session: nox.Session, package: str) -> None:
+    """One package's tests (core alone has no framework installed), or the cross-package
+    tests in tests/ with every adapter installed."""
+    if package == "core":
+        _install_tests(session, *[])
+        paths = ["packages/ciclo-core/tests"]
+    elif package == "integration":
+        _install_tests(session, *ADAPTERS)
+        session.install("tensorboardX", "matplotlib", "scikit-learn")
+        paths = ["tests"]
+    else:
+        _install_tests(session, package)
+        paths = [f"packages/ciclo-{package}/tests"]
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *paths, *session.posargs, env=ENV)
+
+
+@nox.session(python=PYTHONS[0])
+def demo(session: nox.Session) -> None:
+    """The README demo: a real training run on scikit-learn's digits."""
+    session.install(*_packages(), "scikit-learn")
+    session.run("python", "examples/demo.py", *session.posargs, env=ENV)

@@ -1,0 +1,221 @@
+"""Time tracking: how far a loop has come, in steps, samples, seconds and wall-clock date."""
+
+from __future__ import annotations
+
+import dataclasses
+import time as _time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import jax
+
+__all__ = ["Elapsed", "Period", "at", "elapse", "default_batch_size"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Elapsed:
+    """How much of a loop has run: ``steps`` (batches), ``samples``, ``time`` (seconds of
+    loop time, continued across resumes) and ``date`` (Unix time of the last update).
+
+    Inside a loop, the ``elapsed`` a callback sees counts what was consumed *before* the
+    current batch (the first batch sees ``steps=0``); the ``elapsed`` a loop returns counts
+    everything it consumed, so passing it back as ``elapsed=`` continues the count.
+
+    Example:
+        >>> import ciclo
+        >>> e = ciclo.Elapsed.create().update(batch_size=32)
+        >>> e.steps, e.samples
+        (1, 32)
+        >>> e >= ciclo.at(1)
+        True
+    """
+
+    steps: int
+    samples: int
+    time: float
+    date: float
+
+    @classmethod
+    def create(cls, steps: int = 0, samples: int = 0, time: float = 0.0) -> Elapsed:
+        """A fresh count (``date`` is now)."""
+        return cls(steps=steps, samples=samples, time=time, date=_time.time())
+
+    def update(self, batch_size: int, *, time: float | None = None) -> Elapsed:
+        """The count after one more batch of ``batch_size`` samples."""
+        now = _time.time()
+        return Elapsed(
+            steps=self.steps + 1,
+            samples=self.samples + batch_size,
+            time=self.time + (now - self.date) if time is None else time,
+            date=now,
+        )
+
+    def __ge__(self, other: object) -> bool:
+        if isinstance(other, Period):
+            return other.reached_by(self)
+        return NotImplemented
+
+    def __lt__(self, other: object) -> bool:
+        if isinstance(other, Period):
+            return not other.reached_by(self)
+        return NotImplemented
+
+    def to_dict(self) -> dict[str, int | float]:
+        """``{"steps": ..., "samples": ..., "time": ..., "date": ...}``."""
+        return {"steps": self.steps, "samples": self.samples, "time": self.time, "date": self.date}
+
+
+_PERIOD_FIELDS = ("steps", "samples", "time", "date")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Period:
+    """A point in a loop's life: reached when *any* of its given fields is reached.
+
+    Build one with :func:`at`.
+    """
+
+    steps: int | None = None
+    samples: int | None = None
+    time: float | None = None
+    date: float | None = None
+
+    def reached_by(self, elapsed: Elapsed) -> bool:
+        """Whether ``elapsed`` has reached any of this period's fields."""
+        return (
+            (self.steps is not None and elapsed.steps >= self.steps)
+            or (self.samples is not None and elapsed.samples >= self.samples)
+            or (self.time is not None and elapsed.time >= self.time)
+            or (self.date is not None and elapsed.date >= self.date)
+        )
+
+    def fields(self) -> dict[str, int | float]:
+        """The fields that are set."""
+        return {f: v for f in _PERIOD_FIELDS if (v := getattr(self, f)) is not None}
+
+
+def _check_period_value(caller: str, name: str, value: object, *, allow_zero: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(
+            f"{caller}: {name} must be a number, got {value!r} ({type(value).__name__})."
+        )
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = "non-negative" if allow_zero else "positive"
+        raise ValueError(f"{caller}: {name} must be {bound}, got {value!r}.")
+
+
+def at(
+    steps: int | None = None,
+    *,
+    samples: int | None = None,
+    time: float | None = None,
+    date: float | None = None,
+) -> Period:
+    """A :class:`Period`: reached after ``steps`` or ``samples`` or ``time`` seconds or
+    at the Unix ``date``, whichever comes first. A positional int is steps.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.at(1000)
+        Period(steps=1000, samples=None, time=None, date=None)
+        >>> ciclo.at(samples=60_000, time=3600).fields()
+        {'samples': 60000, 'time': 3600}
+    """
+    period = Period(steps=steps, samples=samples, time=time, date=date)
+    fields = period.fields()
+    if not fields:
+        raise ValueError(
+            "at() needs a period: give steps, samples, time or date, e.g. at(1000) or "
+            "at(samples=60_000)."
+        )
+    for name, value in fields.items():
+        _check_period_value("at()", name, value, allow_zero=True)
+    return period
+
+
+def as_period(value: int | Period | None, what: str) -> Period | None:
+    """Normalises ``stop=``-style arguments: an int is steps."""
+    if value is None or isinstance(value, Period):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return at(value)
+    raise TypeError(
+        f"{what} must be an int (steps) or a ciclo.at(...) Period, got {value!r} "
+        f"({type(value).__name__}). Example: {what}=1000 or {what}=ciclo.at(samples=60_000)."
+    )
+
+
+def default_batch_size(batch: Any) -> int:
+    """The leading dimension of the batch's first array leaf (1 when it has none)."""
+    for leaf in jax.tree_util.tree_leaves(batch):
+        shape = getattr(leaf, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+    return 1
+
+
+class elapse(Iterator[tuple[Elapsed, Any]]):  # noqa: N801  (a function-like iterator)
+    """Iterates ``dataset`` and yields ``(elapsed, batch)``, the count before each batch.
+
+    Stops before drawing a batch once ``stop`` is reached, so no batch is consumed in vain.
+    After the iteration, ``.elapsed`` holds the count after the last batch.
+
+    Args:
+        dataset: any iterable of batches.
+        stop: an int (steps) or a :func:`at` period.
+        initial: the :class:`Elapsed` to continue from (e.g. the one a loop returned).
+        batch_size_fn: ``batch -> int``; by default the leading dimension of the first array.
+
+    Example:
+        >>> import ciclo, numpy as np
+        >>> for elapsed, batch in ciclo.elapse([np.zeros((4, 2))] * 10, stop=3):
+        ...     pass
+        >>> elapsed.steps, elapsed.samples
+        (2, 8)
+    """
+
+    def __init__(
+        self,
+        dataset: Iterable[Any],
+        stop: int | Period | None = None,
+        initial: Elapsed | None = None,
+        batch_size_fn: Callable[[Any], int] | None = None,
+    ) -> None:
+        try:
+            self._iterator = iter(dataset)
+        except TypeError:
+            raise TypeError(
+                f"the dataset must be iterable (a list, a generator, a tf.data or torch "
+                f"DataLoader...), got {type(dataset).__name__}. For a factory, call it: "
+                f"dataset=make_dataset()."
+            ) from None
+        self._stop = as_period(stop, "stop")
+        self._batch_size_fn = batch_size_fn or default_batch_size
+        self.elapsed = self._restart_clock(initial) if initial else Elapsed.create()
+        self._pending: Any = None
+        self._has_pending = False
+
+    @staticmethod
+    def _restart_clock(initial: Elapsed) -> Elapsed:
+        # `time` continues from where it was; `date` restarts now so pauses are not counted.
+        return dataclasses.replace(initial, date=_time.time())
+
+    def __iter__(self) -> elapse:
+        return self
+
+    def __next__(self) -> tuple[Elapsed, Any]:
+        if self._has_pending:
+            self.elapsed = self.elapsed.update(self._batch_size_fn(self._pending))
+            self._pending, self._has_pending = None, False
+        if self._stop is not None and self._stop.reached_by(self.elapsed):
+            raise StopIteration
+        batch = next(self._iterator)
+        self._pending, self._has_pending = batch, True
+        return self.elapsed, batch
+
+    def finish(self) -> Elapsed:
+        """Counts a batch that was handed out but not yet counted, and returns the total."""
+        if self._has_pending:
+            self.elapsed = self.elapsed.update(self._batch_size_fn(self._pending))
+            self._pending, self._has_pending = None, False
+        return self.elapsed

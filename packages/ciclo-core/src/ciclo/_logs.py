@@ -1,0 +1,208 @@
+"""Logs: nested ``collection -> name -> value`` dictionaries that stay on device."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+
+__all__ = ["Logs", "logs", "LOG_COLLECTIONS"]
+
+#: The collections ciclo knows by name. Any other collection name is allowed too.
+LOG_COLLECTIONS = ("losses", "metrics", "stateful_metrics", "outputs")
+
+
+class _Collection(dict[str, Any]):
+    """One collection of a :class:`Logs`: a dict with attribute access."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(
+                f"no entry {name!r} in this collection; entries: {sorted(self)}"
+            ) from None
+
+
+class Logs(dict[str, Any]):
+    """Nested logs ``{collection: {name: value}}``, a JAX pytree.
+
+    Values may be device arrays: nothing is fetched to the host until a consumer (history,
+    a progress bar) asks for it. Collections are ``losses``, ``metrics``,
+    ``stateful_metrics``, ``outputs`` or any other name.
+
+    Example:
+        >>> import ciclo
+        >>> logs = ciclo.logs()
+        >>> logs.add_loss("loss", 0.5)
+        >>> logs.add_metric("accuracy", 0.9)
+        >>> logs.losses.loss, logs.entry_value("accuracy")
+        (0.5, 0.9)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+        if not args and not kwargs:
+            return
+        for collection, entries in dict(*args, **kwargs).items():
+            self._set_collection(collection, entries)
+
+    def _set_collection(self, collection: str, entries: Any) -> None:
+        if not isinstance(entries, Mapping):
+            raise TypeError(
+                f"Logs collection {collection!r} must be a mapping of name -> value, got "
+                f"{type(entries).__name__}. Example: Logs({{'metrics': {{'accuracy': acc}}}})."
+            )
+        dict.__setitem__(self, collection, _Collection(entries))
+
+    def __setitem__(self, collection: str, entries: Any) -> None:
+        self._set_collection(collection, entries)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(
+                f"Logs has no collection {name!r}; collections: {sorted(self)}"
+            ) from None
+
+    # --- writing -------------------------------------------------------------------------
+    def add_entry(self, collection: str, name: str, value: Any) -> Logs:
+        """Sets ``self[collection][name] = value`` and returns ``self``."""
+        if collection not in self:
+            dict.__setitem__(self, collection, _Collection())
+        self[collection][name] = value
+        return self
+
+    def add_loss(self, name: str, value: Any) -> Logs:
+        """Adds a loss; managed train steps differentiate the sum of all losses."""
+        return self.add_entry("losses", name, value)
+
+    def add_metric(self, name: str, value: Any) -> Logs:
+        """Adds a metric (averaged over an evaluation, weighted by samples)."""
+        return self.add_entry("metrics", name, value)
+
+    def add_stateful_metric(self, name: str, value: Any) -> Logs:
+        """Adds a metric that already accumulates over steps (reported as is)."""
+        return self.add_entry("stateful_metrics", name, value)
+
+    def add_output(self, name: str, value: Any) -> Logs:
+        """Adds a model output (e.g. predictions)."""
+        return self.add_entry("outputs", name, value)
+
+    def merge(self, other: Mapping[str, Any] | None) -> Logs:
+        """Merges ``other`` into ``self`` in place (entries of ``other`` win); returns ``self``."""
+        if other is None:
+            return self
+        for collection, entries in other.items():
+            if not isinstance(entries, Mapping):
+                raise TypeError(
+                    f"cannot merge logs: collection {collection!r} is a "
+                    f"{type(entries).__name__}, not a mapping of name -> value."
+                )
+            if collection in self:
+                self[collection].update(entries)
+            else:
+                dict.__setitem__(self, collection, _Collection(entries))
+        return self
+
+    @property
+    def updates(self) -> None:
+        raise AttributeError(
+            "Logs.updates is write-only: `logs.updates = other` merges `other` into `logs`. "
+            "Read entries with `logs.entry_value(name)` or `logs.<collection>.<name>`."
+        )
+
+    @updates.setter
+    def updates(self, other: Mapping[str, Any] | None) -> None:
+        self.merge(other)
+
+    # --- reading -------------------------------------------------------------------------
+    def entries(self) -> Iterator[tuple[str, str, Any]]:
+        """Yields ``(collection, name, value)`` for every entry."""
+        for collection, entries in self.items():
+            for name, value in entries.items():
+                yield collection, name, value
+
+    def entry_value(self, key: str) -> Any:
+        """Returns the value of ``"name"`` (searched in every collection) or ``"coll.name"``.
+
+        Raises:
+            KeyError: when the key is missing, or a bare name is in several collections.
+        """
+        if "." in key:
+            collection, name = key.split(".", 1)
+            if collection in self and name in self[collection]:
+                return self[collection][name]
+            raise KeyError(f"no log entry {key!r}; entries: {self._keys()}")
+        found = [c for c, entries in self.items() if key in entries]
+        if not found:
+            raise KeyError(f"no log entry {key!r}; entries: {self._keys()}")
+        if len(found) > 1:
+            raise KeyError(
+                f"log entry {key!r} is ambiguous: it is in collections {found}; "
+                f"use one of {[f'{c}.{key}' for c in found]}."
+            )
+        return self[found[0]][key]
+
+    def _keys(self) -> list[str]:
+        return [f"{c}.{n}" for c, n, _ in self.entries()]
+
+    def copy(self) -> Logs:
+        """A copy two levels deep (values are shared)."""
+        return Logs({c: dict(e) for c, e in self.items()})
+
+
+def logs(*args: Any, **kwargs: Any) -> Logs:
+    """Creates a :class:`Logs`.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.logs().add_metric("accuracy", 1.0)
+        {'metrics': {'accuracy': 1.0}}
+    """
+    return Logs(*args, **kwargs)
+
+
+def _flatten_logs(value: Logs) -> tuple[tuple[_Collection, ...], tuple[str, ...]]:
+    keys = tuple(sorted(value))
+    return tuple(value[k] for k in keys), keys
+
+
+def _flatten_logs_with_keys(value: Logs) -> tuple[tuple[tuple[Any, Any], ...], tuple[str, ...]]:
+    keys = tuple(sorted(value))
+    return tuple((jax.tree_util.DictKey(k), value[k]) for k in keys), keys
+
+
+def _unflatten_logs(keys: tuple[str, ...], children: Any) -> Logs:
+    out = Logs()
+    for k, child in zip(keys, children, strict=True):
+        dict.__setitem__(out, k, child)
+    return out
+
+
+def _flatten_collection(value: _Collection) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+    keys = tuple(sorted(value))
+    return tuple(value[k] for k in keys), keys
+
+
+def _flatten_collection_with_keys(
+    value: _Collection,
+) -> tuple[tuple[tuple[Any, Any], ...], tuple[str, ...]]:
+    keys = tuple(sorted(value))
+    return tuple((jax.tree_util.DictKey(k), value[k]) for k in keys), keys
+
+
+def _unflatten_collection(keys: tuple[str, ...], children: Any) -> _Collection:
+    return _Collection(zip(keys, children, strict=True))
+
+
+jax.tree_util.register_pytree_with_keys(
+    Logs, _flatten_logs_with_keys, _unflatten_logs, _flatten_logs
+)
+jax.tree_util.register_pytree_with_keys(
+    _Collection, _flatten_collection_with_keys, _unflatten_collection, _flatten_collection
+)

@@ -1,0 +1,297 @@
+"""Schedules: *when* a callback runs. A schedule is any ``Elapsed -> bool``.
+
+Firing rule (the same for steps, samples and time): ``every(n)`` has boundaries at
+``0, n, 2n, ...``. It fires on a call when the elapsed count has reached a boundary that no
+earlier call had reached — once per call, however many boundaries the call passed. A fresh
+schedule fires on its first call only if the count is exactly on a boundary, so at the start
+of a loop (everything zero) ``every(...)`` fires: step 0 fires, for every kind.
+
+Schedules that remember what they saw expose ``state_dict()`` / ``load_state_dict()`` so a
+resumed run fires exactly where the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ._elapsed import Elapsed, Period, _check_period_value, as_period
+
+__all__ = ["Schedule", "every", "after", "piecewise", "always", "never", "as_schedule"]
+
+
+class Schedule:
+    """Base class of ciclo's schedules; combine them with ``&``, ``|`` and ``~``.
+
+    Combinators always evaluate both sides, so stateful schedules stay in step.
+
+    Example:
+        >>> import ciclo
+        >>> s = ciclo.every(2) & ~ciclo.every(4)
+        >>> [s(ciclo.Elapsed(steps=i, samples=i, time=0.0, date=0.0)) for i in range(6)]
+        [False, False, True, False, False, False]
+    """
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        raise NotImplementedError
+
+    def __and__(self, other: Callable[[Elapsed], bool]) -> Schedule:
+        return _Combined(all, (self, as_schedule(other)), "&")
+
+    def __rand__(self, other: Callable[[Elapsed], bool]) -> Schedule:
+        return _Combined(all, (as_schedule(other), self), "&")
+
+    def __or__(self, other: Callable[[Elapsed], bool]) -> Schedule:
+        return _Combined(any, (self, as_schedule(other)), "|")
+
+    def __ror__(self, other: Callable[[Elapsed], bool]) -> Schedule:
+        return _Combined(any, (as_schedule(other), self), "|")
+
+    def __invert__(self) -> Schedule:
+        return _Not(self)
+
+    def children(self) -> tuple[Schedule, ...]:
+        """Schedules this one is built from (for saving state)."""
+        return ()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What this schedule remembers, as plain Python values."""
+        return {"children": [c.state_dict() for c in self.children()]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores what :meth:`state_dict` returned."""
+        for child, child_state in zip(self.children(), state["children"], strict=True):
+            child.load_state_dict(child_state)
+
+
+class _Function(Schedule):
+    def __init__(self, fn: Callable[[Elapsed], bool]) -> None:
+        self.fn = fn
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        return bool(self.fn(elapsed))
+
+    def __repr__(self) -> str:
+        return getattr(self.fn, "__name__", repr(self.fn))
+
+
+def as_schedule(value: Callable[[Elapsed], bool]) -> Schedule:
+    """Wraps any ``Elapsed -> bool`` callable as a :class:`Schedule`."""
+    if isinstance(value, Schedule):
+        return value
+    if not callable(value):
+        raise TypeError(
+            f"a schedule must be a ciclo schedule or a callable Elapsed -> bool, got "
+            f"{value!r}. Example: ciclo.every(100), or lambda elapsed: elapsed.steps > 10."
+        )
+    return _Function(value)
+
+
+class _Combined(Schedule):
+    def __init__(
+        self, reduce: Callable[[list[bool]], bool], parts: tuple[Schedule, ...], symbol: str
+    ) -> None:
+        self.reduce, self.parts, self.symbol = reduce, parts, symbol
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        return self.reduce([part(elapsed) for part in self.parts])
+
+    def children(self) -> tuple[Schedule, ...]:
+        return self.parts
+
+    def __repr__(self) -> str:
+        return "(" + f" {self.symbol} ".join(map(repr, self.parts)) + ")"
+
+
+class _Not(Schedule):
+    def __init__(self, inner: Schedule) -> None:
+        self.inner = inner
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        return not self.inner(elapsed)
+
+    def children(self) -> tuple[Schedule, ...]:
+        return (self.inner,)
+
+    def __repr__(self) -> str:
+        return f"~{self.inner!r}"
+
+
+_UNITS = ("steps", "samples", "time")
+
+
+def _single_unit(
+    caller: str, steps: Any, samples: Any, time: Any, *, allow_zero: bool = False
+) -> tuple[str, float]:
+    given = {u: v for u, v in zip(_UNITS, (steps, samples, time), strict=True) if v is not None}
+    if len(given) != 1:
+        raise ValueError(
+            f"{caller} needs exactly one period: steps, samples or time, got "
+            f"{given or 'none'}. Example: {caller.rstrip('()')}(100) or "
+            f"{caller.rstrip('()')}(samples=10_000)."
+        )
+    ((unit, value),) = given.items()
+    _check_period_value(caller, unit, value, allow_zero=allow_zero)
+    return unit, value
+
+
+class _Every(Schedule):
+    """Fires once per boundary ``offset + k * period`` reached (k >= 0)."""
+
+    def __init__(self, unit: str, period: float, offset: float = 0.0) -> None:
+        self.unit, self.period, self.offset = unit, period, offset
+        self._last_index: int | None = None
+
+    def _index(self, elapsed: Elapsed) -> int:
+        # The number of the last boundary reached; -1 before the first one.
+        return math.floor((getattr(elapsed, self.unit) - self.offset) / self.period)
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        index = self._index(elapsed)
+        last = self._last_index
+        self._last_index = index
+        if index < 0:
+            return False
+        if last is None:  # fresh: fire only when exactly on a boundary
+            value = getattr(elapsed, self.unit) - self.offset
+            return value == index * self.period
+        return index > last
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_index": self._last_index}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._last_index = state["last_index"]
+
+    def __repr__(self) -> str:
+        start = f"after({self.unit}={self.offset}).every" if self.offset else "every"
+        return f"{start}({self.unit}={self.period})"
+
+
+def every(
+    steps: int | None = None, *, samples: int | None = None, time: float | None = None
+) -> Schedule:
+    """Fires once each time the count crosses a multiple of the period (0 included).
+
+    Example:
+        >>> import ciclo
+        >>> s = ciclo.every(samples=100)
+        >>> [s(ciclo.Elapsed(steps=0, samples=n, time=0.0, date=0.0)) for n in (0, 64, 128, 192, 256)]
+        [True, False, True, False, True]
+    """
+    unit, period = _single_unit("every()", steps, samples, time)
+    return _Every(unit, period)
+
+
+class _After(Schedule):
+    def __init__(self, unit: str, start: float) -> None:
+        self.unit, self.start = unit, start
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        return getattr(elapsed, self.unit) >= self.start
+
+    def every(
+        self, steps: int | None = None, *, samples: int | None = None, time: float | None = None
+    ) -> Schedule:
+        """Fires at ``start``, ``start + n``, ``start + 2n``... in the given unit."""
+        unit, period = _single_unit("after().every()", steps, samples, time)
+        if unit != self.unit:
+            raise ValueError(
+                f"after({self.unit}=...).every() must count in the same unit, got {unit}. "
+                f"Combine units with &: ciclo.after({self.unit}=...) & ciclo.every({unit}=...)."
+            )
+        return _Every(unit, period, offset=self.start)
+
+    def __repr__(self) -> str:
+        return f"after({self.unit}={self.start})"
+
+
+def after(
+    steps: int | None = None, *, samples: int | None = None, time: float | None = None
+) -> _After:
+    """Fires on every call once the count has reached the start; ``.every(n)`` fires every
+    ``n`` from the start on.
+
+    Example:
+        >>> import ciclo
+        >>> s = ciclo.after(10).every(5)
+        >>> [i for i in range(30) if s(ciclo.Elapsed(steps=i, samples=i, time=0.0, date=0.0))]
+        [10, 15, 20, 25]
+    """
+    unit, start = _single_unit("after()", steps, samples, time, allow_zero=True)
+    return _After(unit, start)
+
+
+class _Piecewise(Schedule):
+    def __init__(self, pieces: list[tuple[Period, Schedule]]) -> None:
+        self.pieces = pieces
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        active = None
+        for start, schedule in self.pieces:
+            fired = schedule(elapsed)  # every piece sees every call, to stay in step
+            if start.reached_by(elapsed):
+                active = fired
+        return bool(active)
+
+    def children(self) -> tuple[Schedule, ...]:
+        return tuple(s for _, s in self.pieces)
+
+    def __repr__(self) -> str:
+        return f"piecewise({self.pieces!r})"
+
+
+def piecewise(
+    pieces: Mapping[int | Period, Callable[[Elapsed], bool]],
+) -> Schedule:
+    """Uses the schedule whose start (an int in steps, or an :func:`at` period) was reached
+    last. Starts must be increasing.
+
+    Example:
+        >>> import ciclo
+        >>> s = ciclo.piecewise({0: ciclo.every(1), 3: ciclo.every(2)})
+        >>> [i for i in range(8) if s(ciclo.Elapsed(steps=i, samples=i, time=0.0, date=0.0))]
+        [0, 1, 2, 4, 6]
+    """
+    if not pieces:
+        raise ValueError("piecewise() needs at least one {start: schedule} piece.")
+    parsed: list[tuple[Period, Schedule]] = []
+    for start, schedule in pieces.items():
+        period = as_period(start, "a piecewise start")
+        assert period is not None
+        parsed.append((period, as_schedule(schedule)))
+    return _Piecewise(parsed)
+
+
+class _Constant(Schedule):
+    def __init__(self, value: bool) -> None:
+        self.value = value
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        return self.value
+
+    def __repr__(self) -> str:
+        return "always()" if self.value else "never()"
+
+
+def always() -> Schedule:
+    """Fires on every call.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.always()(ciclo.Elapsed.create())
+        True
+    """
+    return _Constant(True)
+
+
+def never() -> Schedule:
+    """Never fires.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.never()(ciclo.Elapsed.create())
+        False
+    """
+    return _Constant(False)

@@ -1,0 +1,3 @@
+"""ciclo adapter for equinox (in progress)."""
+
+__version__ = "0.1.0"
