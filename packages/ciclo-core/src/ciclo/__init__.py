@@ -4,6 +4,7 @@ Thread one pytree ``state`` through a loop over a dataset; a dict maps *schedule
 to *callbacks* (what). See https://github.com/ciclo-jax/ciclo for the guide.
 """
 
+from . import managed as managed
 from ._callback import Callback as Callback
 from ._callback import LoopCallback as LoopCallback
 from ._callback import LoopCallbackBase as LoopCallbackBase

@@ -65,7 +65,9 @@ class _Column:
     def value_at(self, row: int) -> tuple[bool, Any]:
         if self.rows is None:
             i = row - self.start
-            return (0 <= i < len(self.values)), (self.values[i] if 0 <= i < len(self.values) else None)
+            return (0 <= i < len(self.values)), (
+                self.values[i] if 0 <= i < len(self.values) else None
+            )
         i = int(np.searchsorted(self.row_indices(), row))
         if i < len(self.rows) and self.rows[i] == row:
             return True, self.values[i]
@@ -121,7 +123,9 @@ class History:
         else:
             self._store(row, entries)
 
-    def commit_many(self, elapsed: Sequence[Elapsed], logs: Mapping[str, Mapping[str, Any]]) -> None:
+    def commit_many(
+        self, elapsed: Sequence[Elapsed], logs: Mapping[str, Mapping[str, Any]]
+    ) -> None:
         """Adds ``len(elapsed)`` rows from logs whose values are stacked along axis 0
         (as returned by several steps fused in one call); split on the host when fetched."""
         count = len(elapsed)

@@ -1,0 +1,305 @@
+"""The managed API: a state that knows its optimizer and strategy, and steps that use them."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import zlib
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from ._callback import LoopState
+from ._logs import Logs
+from ._strategies import Strategy, get_strategy
+
+__all__ = ["ManagedState", "ManagedStep", "train_step", "step"]
+
+S = TypeVar("S", bound="ManagedState")
+
+_REGISTERED: set[type] = set()
+
+
+def _static(default: Any = None) -> Any:
+    return dataclasses.field(default=default, metadata={"static": True})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ManagedState:
+    """A training state that is a pytree: ``step``, ``params``, the optimizer ``tx`` and its
+    ``opt_state``, a ``strategy``, an RNG ``key``, and extra fields of your own.
+
+    Subclass it (as a ``@dataclasses.dataclass(frozen=True, kw_only=True)``) to add typed fields; mark fields that are not arrays
+    with ``dataclasses.field(metadata={"static": True})``. Extra keyword arguments of
+    :meth:`create` become attributes too (``state.batch_stats``).
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, optax
+        >>> state = ciclo.managed.ManagedState.create(
+        ...     params={"w": jnp.zeros(3)}, tx=optax.sgd(0.1), strategy="jit"
+        ... )
+        >>> int(state.step), state.strategy.name
+        (0, 'jit')
+    """
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+    key: jax.Array | None = None
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    tx: optax.GradientTransformation | None = _static()
+    strategy: Strategy = _static()
+
+    _field_names: ClassVar[frozenset[str]]
+
+    def __post_init__(self) -> None:
+        cls = type(self)
+        if cls not in _REGISTERED:
+            _register(cls)
+
+    @classmethod
+    def create(
+        cls: type[S],
+        *,
+        params: Any,
+        tx: optax.GradientTransformation | None,
+        strategy: str | Strategy = "jit",
+        key: jax.Array | int | None = None,
+        **fields: Any,
+    ) -> S:
+        """Builds a state with ``step=0`` and ``opt_state = tx.init(params)``.
+
+        Args:
+            params: the trainable parameters (any pytree of arrays).
+            tx: an optax optimizer (``None`` for a state that is only evaluated).
+            strategy: a strategy name (``"eager"``, ``"jit"``, ``"data-parallel"``...) or a
+                :class:`~ciclo.managed.Strategy`.
+            key: an RNG key (or an int seed) for steps that need randomness.
+            **fields: values of subclass fields, or extra attributes.
+        """
+        if tx is not None and not isinstance(tx, optax.GradientTransformation):
+            raise TypeError(f"tx must be an optax optimizer such as optax.adam(1e-3), got {tx!r}.")
+        if isinstance(key, int):
+            key = jax.random.key(key)
+        own = {f.name for f in dataclasses.fields(cls)}
+        known = {k: v for k, v in fields.items() if k in own}
+        extra = {k: v for k, v in fields.items() if k not in own}
+        state = cls(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=tx.init(params) if tx is not None else None,
+            key=key,
+            extra=extra,
+            tx=tx,
+            strategy=get_strategy(strategy),
+            **known,
+        )
+        return state.strategy.place_state(state)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails: extra fields given to create().
+        if name.startswith("__") or name == "extra":
+            raise AttributeError(name)
+        extra = self.__dict__.get("extra", {})
+        if name in extra:
+            return extra[name]
+        raise AttributeError(
+            f"{type(self).__name__} has no field {name!r}; extra fields: {sorted(extra)}"
+        )
+
+    def replace(self: S, **changes: Any) -> S:
+        """A copy with some fields (or extra fields) changed."""
+        own = {f.name for f in dataclasses.fields(self)}
+        extra_changes = {k: v for k, v in changes.items() if k not in own}
+        if extra_changes:
+            changes = {k: v for k, v in changes.items() if k in own}
+            changes["extra"] = {**self.extra, **extra_changes}
+        return dataclasses.replace(self, **changes)
+
+    def apply_gradients(self: S, grads: Any) -> S:
+        """One optimizer update of ``params`` with ``grads``; increments ``step``."""
+        if self.tx is None:
+            raise ValueError(
+                "this state has no optimizer (tx=None); create it with tx=optax.adam(...) "
+                "to train it."
+            )
+        updates, opt_state = self.tx.update(grads, self.opt_state, self.params)
+        params = optax.apply_updates(self.params, updates)
+        return self.replace(step=self.step + 1, params=params, opt_state=opt_state)
+
+    def step_key(self, *names: str | int) -> jax.Array:
+        """A key for this step: ``key`` folded with ``step`` (and ``names``), so each step
+        gets a different one, reproducible from the seed."""
+        if self.key is None:
+            raise ValueError(
+                "this state has no RNG key; create it with key=0 (or a jax.random.key)."
+            )
+        key = jax.random.fold_in(self.key, self.step)
+        for name in names:
+            key = jax.random.fold_in(
+                key, zlib.crc32(name.encode()) if isinstance(name, str) else name
+            )
+        return key
+
+    def with_strategy(self: S, strategy: str | Strategy) -> S:
+        """The same state under another strategy (its arrays placed for it)."""
+        new = self.replace(strategy=get_strategy(strategy))
+        return new.strategy.place_state(new)
+
+
+def _register(cls: type) -> None:
+    fields = dataclasses.fields(cls)
+    meta = [f.name for f in fields if f.metadata.get("static", False)]
+    data = [f.name for f in fields if not f.metadata.get("static", False)]
+    jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
+    _REGISTERED.add(cls)
+
+
+StepFunction = Callable[..., tuple[Any, Any]]
+
+
+class ManagedStep:
+    """A step that runs under its state's strategy; made by :func:`train_step` or :func:`step`.
+
+    Call it as ``logs, state = my_step(state, batch)``, as a method
+    (``state.train_step(batch)``) when defined in a :class:`ManagedState` subclass, or put it
+    in a loop's tasks: as a loop callback it always runs on the loop's current state.
+    """
+
+    def __init__(self, fn: StepFunction, *, differentiate: bool) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.differentiate = differentiate
+        self._compiled: dict[Strategy, StepFunction] = {}
+
+    def _run(self, state: Any, batch: Any) -> tuple[Logs, Any]:
+        logs, new_state = self.fn(state, batch)
+        return _check_logs(self, logs), new_state
+
+    def _run_with_gradients(self, state: Any, batch: Any) -> tuple[Logs, Any]:
+        def objective(params: Any) -> tuple[jax.Array, tuple[Logs, Any]]:
+            logs, new_state = self._run(state.replace(params=params), batch)
+            return _total_loss(self, logs), (logs, new_state)
+
+        grads, (logs, new_state) = jax.grad(objective, has_aux=True)(state.params)
+        new_state = new_state.replace(params=state.params).apply_gradients(grads)
+        return logs, new_state
+
+    def compiled_for(self, strategy: Strategy) -> StepFunction:
+        """The step compiled for ``strategy`` (cached)."""
+        compiled = self._compiled.get(strategy)
+        if compiled is None:
+            body = self._run_with_gradients if self.differentiate else self._run
+            compiled = self._compiled[strategy] = strategy.compile(body)
+        return compiled
+
+    def __call__(self, state: Any, batch: Any) -> tuple[Logs, Any]:
+        strategy = getattr(state, "strategy", None)
+        if not isinstance(strategy, Strategy):
+            raise TypeError(
+                f"managed step {self.__name__} needs a ciclo.managed.ManagedState (with a "
+                f"strategy), got {type(state).__name__}. Create one with "
+                f"ciclo.managed.ManagedState.create(params=..., tx=...)."
+            )
+        return self.compiled_for(strategy)(state, strategy.place_batch(batch))
+
+    def __loop_callback__(self, loop_state: LoopState) -> tuple[Logs, Any]:
+        return self(loop_state.state, loop_state.batch)
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return _BoundStep(self, instance)
+
+    def __repr__(self) -> str:
+        kind = "train_step" if self.differentiate else "step"
+        return f"<ciclo.managed.{kind} {self.__name__}>"
+
+
+class _BoundStep:
+    """``state.train_step``: callable with a batch; as a loop callback it uses the loop's
+    current state, not the one it was read from."""
+
+    __slots__ = ("__name__", "__qualname__", "instance", "step")
+
+    def __init__(self, step: ManagedStep, instance: Any) -> None:
+        self.step, self.instance = step, instance
+        self.__name__ = step.__name__
+        self.__qualname__ = f"{type(instance).__name__}.{step.__name__}"
+
+    def __call__(self, batch: Any) -> tuple[Logs, Any]:
+        return self.step(self.instance, batch)
+
+    def __loop_callback__(self, loop_state: LoopState) -> tuple[Logs, Any]:
+        return self.step(loop_state.state, loop_state.batch)
+
+
+def _check_logs(step: ManagedStep, logs: Any) -> Logs:
+    if isinstance(logs, Logs):
+        return logs
+    if isinstance(logs, Mapping) and all(isinstance(v, Mapping) for v in logs.values()):
+        return Logs(logs)
+    raise TypeError(
+        f"managed step {step.__name__} must return (logs, state) with logs from ciclo.logs(); "
+        f"its first return value is {type(logs).__name__}."
+    )
+
+
+def _total_loss(step: ManagedStep, logs: Logs) -> jax.Array:
+    losses = logs.get("losses")
+    if not losses:
+        raise ValueError(
+            f"managed train step {step.__name__} logged no loss, so there is nothing to "
+            f"differentiate. Add one: logs.add_loss('loss', loss) (a scalar)."
+        )
+    total = jnp.zeros((), jnp.float32)
+    for name, value in losses.items():
+        value = jnp.asarray(value)
+        if value.shape != ():
+            raise ValueError(
+                f"managed train step {step.__name__}: loss {name!r} has shape {value.shape}, "
+                f"but a loss must be a scalar. Reduce it first, e.g. "
+                f"logs.add_loss({name!r}, per_example_loss.mean())."
+            )
+        total = total + value
+    return total
+
+
+def train_step(fn: StepFunction) -> ManagedStep:
+    """Decorates ``fn(state, batch) -> (logs, state)``: ciclo differentiates the sum of
+    ``logs.losses`` w.r.t. ``state.params``, applies the optimizer (other changes ``fn``
+    makes to the state are kept) and runs it under ``state.strategy``.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, optax
+        >>> @ciclo.managed.train_step
+        ... def train_step(state, batch):
+        ...     x, y = batch
+        ...     loss = jnp.mean((x @ state.params["w"] - y) ** 2)
+        ...     return ciclo.logs().add_loss("loss", loss), state
+        >>> state = ciclo.managed.ManagedState.create(params={"w": jnp.zeros(2)}, tx=optax.sgd(0.1))
+        >>> logs, state = train_step(state, (jnp.ones((4, 2)), jnp.ones(4)))
+        >>> int(state.step)
+        1
+    """
+    return ManagedStep(fn, differentiate=True)
+
+
+def step(fn: StepFunction) -> ManagedStep:
+    """Decorates ``fn(state, batch) -> (logs, state)`` to run under ``state.strategy``
+    without gradients (evaluation, prediction, metric updates).
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, optax
+        >>> @ciclo.managed.step
+        ... def test_step(state, batch):
+        ...     return ciclo.logs().add_metric("mean", batch.mean()), state
+        >>> state = ciclo.managed.ManagedState.create(params={}, tx=None)
+        >>> logs, _ = test_step(state, jnp.ones(4))
+        >>> float(logs.metrics.mean)
+        1.0
+    """
+    return ManagedStep(fn, differentiate=False)
