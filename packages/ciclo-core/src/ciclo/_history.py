@@ -7,6 +7,7 @@ from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from . import _host
@@ -17,6 +18,23 @@ __all__ = ["History", "history"]
 
 _ELAPSED_FIELDS = ("steps", "samples", "time", "date")
 _TYPECODES = {bool: "list", int: "q", float: "d"}
+_PLAIN = (int, float, str, bool, type(None))
+
+
+class _Stacked:
+    """Pending rows of a fused call: entries stacked along axis 0 (a pytree)."""
+
+    __slots__ = ("count", "entries")
+
+    def __init__(self, count: int, entries: list[tuple[str, Any]]) -> None:
+        self.count, self.entries = count, entries
+
+
+jax.tree_util.register_pytree_node(
+    _Stacked,
+    lambda s: ([v for _, v in s.entries], (s.count, tuple(k for k, _ in s.entries))),
+    lambda aux, values: _Stacked(aux[0], list(zip(aux[1], values, strict=True))),
+)
 
 
 class _Column:
@@ -33,6 +51,13 @@ class _Column:
         self.rows: array[int] | None = None  # None while rows are start, start+1, ...
         code = _TYPECODES.get(type(value), "list")
         self.values: array[Any] | list[Any] = [] if code == "list" else array(code)
+
+    @classmethod
+    def dense(cls, values: array[Any]) -> _Column:
+        """A column holding a value for every row from 0."""
+        column = cls.__new__(cls)
+        column.start, column.rows, column.values = 0, None, values
+        return column
 
     def append(self, row: int, value: Any) -> None:
         if self.rows is None and row != self.start + len(self.values):
@@ -74,6 +99,12 @@ class _Column:
         return False, None
 
 
+def _has_device_array(entries: Mapping[str, Mapping[str, Any]]) -> bool:
+    return any(
+        isinstance(value, jax.Array) for values in entries.values() for value in values.values()
+    )
+
+
 def _as_python(value: Any) -> Any:
     """0-d arrays become Python scalars; other values are kept as they are."""
     if isinstance(value, np.ndarray | np.generic) and np.ndim(value) == 0:
@@ -101,24 +132,34 @@ class History:
     def __init__(self, *, fetch_interval: float = 0.5, max_pending: int = 4096) -> None:
         self.fetch_interval = fetch_interval
         self.max_pending = max_pending
-        self._columns: dict[str, _Column] = {}
+        # Every row has its elapsed fields: dense columns from row 0.
+        self._elapsed = {"steps": array("q"), "samples": array("q"), "time": array("d")}
+        self._elapsed["date"] = array("d")
+        self._columns: dict[str, _Column] = {}  # "collection.name" -> column
+        self._lookup: dict[str, dict[str, _Column]] = {}  # the same, by collection and name
         self._num_rows = 0
-        self._pending: list[tuple[int, list[tuple[str, Any]]]] = []
+        self._pending: list[tuple[int, Any]] = []
         self._pending_since = 0.0
 
     # --- writing -------------------------------------------------------------------------
-    def commit(self, elapsed: Elapsed, logs: Mapping[str, Mapping[str, Any]] | None) -> None:
-        """Adds one row: the ``elapsed`` fields and every log entry ``collection.name``."""
+    def _add_elapsed(self, elapsed: Elapsed) -> int:
+        columns = self._elapsed
+        columns["steps"].append(elapsed.steps)
+        columns["samples"].append(elapsed.samples)
+        columns["time"].append(elapsed.time)
+        columns["date"].append(elapsed.date)
         row = self._num_rows
         self._num_rows += 1
-        entries = [(f"elapsed.{f}", getattr(elapsed, f)) for f in _ELAPSED_FIELDS]
-        on_device = False
-        if logs:
-            for collection, values in logs.items():
-                for name, value in values.items():
-                    entries.append((f"{collection}.{name}", value))
-                    on_device = on_device or _host.is_device_array(value)
-        if on_device or self._pending:
+        return row
+
+    def commit(self, elapsed: Elapsed, logs: Mapping[str, Mapping[str, Any]] | None) -> None:
+        """Adds one row: the ``elapsed`` fields and every log entry ``collection.name``."""
+        row = self._add_elapsed(elapsed)
+        if not logs:
+            return
+        # A shallow copy: the caller may reuse its logs object; values are immutable.
+        entries = {collection: dict(values) for collection, values in logs.items()}
+        if self._pending or _has_device_array(entries):
             self._defer(row, entries)
         else:
             self._store(row, entries)
@@ -131,16 +172,18 @@ class History:
         count = len(elapsed)
         stacked = [(f"{c}.{n}", v) for c, values in logs.items() for n, v in values.items()]
         for key, value in stacked:
-            if getattr(value, "shape", (count,))[:1] != (count,):
+            shape = getattr(value, "shape", None)
+            if shape is None or tuple(shape[:1]) != (count,):
                 raise ValueError(
-                    f"commit_many: log entry {key!r} has shape {getattr(value, 'shape', None)}; "
-                    f"every value must be stacked along axis 0 with {count} rows."
+                    f"commit_many: log entry {key!r} has shape {shape}; every value must be "
+                    f"stacked along axis 0 with {count} rows, one per elapsed."
                 )
         first = self._num_rows
-        self._num_rows += count
-        self._defer(first, [("__stacked__", (list(elapsed), stacked))])
+        for e in elapsed:
+            self._add_elapsed(e)
+        self._defer(first, _Stacked(count, stacked))
 
-    def _defer(self, row: int, entries: list[tuple[str, Any]]) -> None:
+    def _defer(self, row: int, entries: Any) -> None:
         if not self._pending:
             self._pending_since = _time.monotonic()
         self._pending.append((row, entries))
@@ -150,28 +193,35 @@ class History:
         ):
             self.fetch()
 
-    def _store(self, row: int, entries: list[tuple[str, Any]]) -> None:
-        columns = self._columns
-        for key, value in entries:
-            value = _as_python(value)
-            column = columns.get(key)
-            if column is None:
-                column = columns[key] = _Column(row, value)
-            column.append(row, value)
+    def _store(self, row: int, entries: Mapping[str, Mapping[str, Any]]) -> None:
+        lookup = self._lookup
+        for collection, values in entries.items():
+            columns = lookup.get(collection)
+            if columns is None:
+                columns = lookup[collection] = {}
+            for name, value in values.items():
+                if type(value) not in _PLAIN:
+                    value = _as_python(value)
+                column = columns.get(name)
+                if column is None:
+                    column = columns[name] = self._columns[f"{collection}.{name}"] = _Column(
+                        row, value
+                    )
+                column.append(row, value)
 
     def fetch(self) -> None:
-        """Fetches all pending device values to the host in one transfer."""
+        """Fetches all pending device values to the host (batched, see ``_host.to_host``)."""
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        pending = _host.to_host(pending)
-        for row, entries in pending:
-            if entries and entries[0][0] == "__stacked__":
-                elapsed_list, stacked = entries[0][1]
-                for i, elapsed in enumerate(elapsed_list):
-                    step_entries = [(f"elapsed.{f}", getattr(elapsed, f)) for f in _ELAPSED_FIELDS]
-                    step_entries += [(key, value[i]) for key, value in stacked]
-                    self._store(row + i, step_entries)
+        for row, entries in _host.to_host(pending):
+            if isinstance(entries, _Stacked):
+                for i in range(entries.count):
+                    step: dict[str, dict[str, Any]] = {}
+                    for key, value in entries.entries:
+                        collection, name = key.split(".", 1)
+                        step.setdefault(collection, {})[name] = value[i]
+                    self._store(row + i, step)
             else:
                 self._store(row, entries)
 
@@ -180,13 +230,18 @@ class History:
         return self._num_rows
 
     def keys(self) -> list[str]:
-        """Every ``collection.name`` key that appears in some row."""
+        """Every key that appears in some row: ``elapsed.<field>`` and ``collection.name``."""
         self.fetch()
-        return list(self._columns)
+        return [f"elapsed.{f}" for f in _ELAPSED_FIELDS] + list(self._columns)
+
+    def _column(self, key: str) -> _Column:
+        if key.startswith("elapsed.") and key[8:] in self._elapsed:
+            return _Column.dense(self._elapsed[key[8:]])
+        return self._columns[key]
 
     def _resolve(self, key: str) -> str:
         columns = self._columns
-        if key in columns:
+        if key in columns or (key.startswith("elapsed.") and key[8:] in self._elapsed):
             return key
         if key in _ELAPSED_FIELDS:
             return f"elapsed.{key}"
@@ -198,7 +253,9 @@ class History:
                 f"history key {key!r} is ambiguous; it could be any of {candidates}. "
                 f"Ask for one of them by its full name."
             )
-        raise KeyError(f"history has no key {key!r}; available keys: {sorted(columns)}")
+        raise KeyError(
+            f"history has no key {key!r}; available keys: {list(_ELAPSED_FIELDS) + sorted(columns)}"
+        )
 
     def collect(self, *keys: str) -> Any:
         """Values of ``keys`` over the rows where all of them exist.
@@ -210,7 +267,7 @@ class History:
         if not keys:
             raise ValueError('collect() needs at least one key, e.g. collect("steps", "loss").')
         self.fetch()
-        columns = [self._columns[self._resolve(k)] for k in keys]
+        columns = [self._column(self._resolve(k)) for k in keys]
         if all(c.rows is None for c in columns):  # contiguous runs: intersect as ranges
             lo = max(c.start for c in columns)
             hi = min(c.start + len(c.values) for c in columns)
@@ -229,7 +286,9 @@ class History:
             row += self._num_rows
         if not 0 <= row < self._num_rows:
             raise IndexError(f"history row {row} out of range ({self._num_rows} rows)")
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, dict[str, Any]] = {"elapsed": {}}
+        for field, values in self._elapsed.items():
+            out["elapsed"][field] = values[row]
         for key, column in self._columns.items():
             present, value = column.value_at(row)
             if present:
