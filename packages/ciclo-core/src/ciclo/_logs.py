@@ -33,6 +33,12 @@ class _CollectionView(MutableMapping[str, Any]):
                 f"no entry {name!r} in this collection; entries: {sorted(self._entries)}"
             ) from None
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_entries":
+            object.__setattr__(self, name, value)
+        else:
+            self._entries[name] = value
+
     def __getitem__(self, name: str) -> Any:
         return self._entries[name]
 
