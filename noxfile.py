@@ -33,15 +33,12 @@ ENV = {
 
 
 def _expose_pyenv_pythons() -> None:
-    """Lets nox find every pyenv-installed Python (shims only answer for active versions)."""
+    """Puts every pyenv-installed Python 3.11+ on PATH, so nox finds e.g. python3.13
+    without pyenv shims (which only answer for the active version)."""
     root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-    if "PYENV_VERSION" in os.environ or not os.path.isdir(root):
-        return
-    versions = sorted(
-        os.path.basename(p) for p in glob.glob(os.path.join(root, "versions", "3.1[1-9].*"))
-    )
-    if versions:
-        os.environ["PYENV_VERSION"] = ":".join(versions)
+    bins = sorted(glob.glob(os.path.join(root, "versions", "3.1[1-9].*", "bin")))
+    if bins:
+        os.environ["PATH"] = os.pathsep.join([*bins, os.environ.get("PATH", "")])
 
 
 _expose_pyenv_pythons()
