@@ -46,40 +46,51 @@ class _Column:
 
     __slots__ = ("rows", "start", "values")
 
-    def __init__(self, start: int, value: Any) -> None:
+    def __init__(self, start: int) -> None:
         self.start = start
         self.rows: array[int] | None = None  # None while rows are start, start+1, ...
-        code = _TYPECODES.get(type(value), "list")
-        self.values: array[Any] | list[Any] = [] if code == "list" else array(code)
+        self.values: array[Any] | list[Any] | None = None  # typed on the first values
 
     @classmethod
     def dense(cls, values: array[Any]) -> _Column:
         """A column holding a value for every row from 0."""
-        column = cls.__new__(cls)
-        column.start, column.rows, column.values = 0, None, values
+        column = cls(0)
+        column.values = values
         return column
 
-    def append(self, row: int, value: Any) -> None:
-        if self.rows is None and row != self.start + len(self.values):
-            self.rows = array("q", range(self.start, self.start + len(self.values)))
+    def __len__(self) -> int:
+        return 0 if self.values is None else len(self.values)
+
+    def extend(self, rows: list[int], values: list[Any]) -> None:
+        """Appends ``values`` at increasing ``rows`` (all after the rows already here)."""
+        end = self.start + len(self)
+        if self.rows is None and (rows[0] != end or rows[-1] - rows[0] != len(rows) - 1):
+            self.rows = array("q", range(self.start, end))
         if self.rows is not None:
-            self.rows.append(row)
-        values = self.values
-        if isinstance(values, array):
-            code = _TYPECODES.get(type(value))
-            if code == values.typecode or (code == "q" and values.typecode == "d"):
-                values.append(value)
-                return
-            self.values = values = values.tolist()
-        values.append(value)
+            self.rows.extend(rows)
+        packed = _pack(values)
+        current = self.values
+        if current is None:
+            self.values = packed
+        elif isinstance(current, array) and isinstance(packed, array):
+            if current.typecode == packed.typecode:
+                current.extend(packed)
+            elif current.typecode == "d":  # ints into a float column
+                current.extend(array("d", packed.tolist()))
+            else:  # floats into an int column: the column becomes float
+                self.values = array("d", current.tolist())
+                self.values.extend(packed)
+        else:
+            self.values = list(current) if isinstance(current, array) else current
+            self.values.extend(packed)
 
     def row_indices(self) -> np.ndarray:
         if self.rows is None:
-            return np.arange(self.start, self.start + len(self.values))
+            return np.arange(self.start, self.start + len(self))
         return np.frombuffer(self.rows, dtype=np.int64)
 
     def take(self, positions: np.ndarray | None) -> list[Any]:
-        values = self.values
+        values = self.values if self.values is not None else []
         if positions is None:
             return values.tolist() if isinstance(values, array) else list(values)
         if isinstance(values, array):
@@ -88,14 +99,13 @@ class _Column:
         return [values[i] for i in positions.tolist()]
 
     def value_at(self, row: int) -> tuple[bool, Any]:
+        values = self.values if self.values is not None else []
         if self.rows is None:
             i = row - self.start
-            return (0 <= i < len(self.values)), (
-                self.values[i] if 0 <= i < len(self.values) else None
-            )
+            return (0 <= i < len(values)), (values[i] if 0 <= i < len(values) else None)
         i = int(np.searchsorted(self.row_indices(), row))
         if i < len(self.rows) and self.rows[i] == row:
-            return True, self.values[i]
+            return True, values[i]
         return False, None
 
 
@@ -105,11 +115,20 @@ def _has_device_array(entries: Mapping[str, Mapping[str, Any]]) -> bool:
     )
 
 
-def _as_python(value: Any) -> Any:
-    """0-d arrays become Python scalars; other values are kept as they are."""
-    if isinstance(value, np.ndarray | np.generic) and np.ndim(value) == 0:
-        return value.item()
-    return value
+def _pack(values: list[Any]) -> array[Any] | list[Any]:
+    """Numbers (Python or NumPy scalars) packed in a typed array; anything else in a list."""
+    try:
+        packed = np.asarray(values)
+    except (ValueError, TypeError):  # ragged arrays and the like
+        packed = None
+    if packed is not None and packed.ndim == 1 and packed.dtype.kind in "iuf":
+        if packed.dtype.kind == "f":
+            return array("d", packed.astype(np.float64).tobytes())
+        return array("q", packed.astype(np.int64).tobytes())
+    return [
+        v.item() if isinstance(v, np.generic) or getattr(v, "ndim", None) == 0 else v
+        for v in values
+    ]
 
 
 class History:
@@ -194,36 +213,57 @@ class History:
             self.fetch()
 
     def _store(self, row: int, entries: Mapping[str, Mapping[str, Any]]) -> None:
-        lookup = self._lookup
-        for collection, values in entries.items():
-            columns = lookup.get(collection)
-            if columns is None:
-                columns = lookup[collection] = {}
-            for name, value in values.items():
-                if type(value) not in _PLAIN:
-                    value = _as_python(value)
-                column = columns.get(name)
-                if column is None:
-                    column = columns[name] = self._columns[f"{collection}.{name}"] = _Column(
-                        row, value
-                    )
-                column.append(row, value)
+        self._ingest([(row, entries)])
 
     def fetch(self) -> None:
         """Fetches all pending device values to the host (batched, see ``_host.to_host``)."""
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        for row, entries in _host.to_host(pending):
+        self._ingest(pending)
+
+    def _ingest(self, pending: list[tuple[int, Any]]) -> None:
+        # Gather rows and values per key, fetch them all at once, then extend each column
+        # in bulk: per-value Python work is what makes a history slow at a million rows.
+        rows_by_key: dict[tuple[str, str], list[int]] = {}
+        values_by_key: dict[tuple[str, str], list[Any]] = {}
+        stacked: list[tuple[tuple[str, str], int, Any]] = []
+        for row, entries in pending:
             if isinstance(entries, _Stacked):
-                for i in range(entries.count):
-                    step: dict[str, dict[str, Any]] = {}
-                    for key, value in entries.entries:
-                        collection, name = key.split(".", 1)
-                        step.setdefault(collection, {})[name] = value[i]
-                    self._store(row + i, step)
-            else:
-                self._store(row, entries)
+                for key, value in entries.entries:
+                    collection, name = key.split(".", 1)
+                    stacked.append(((collection, name), row, value))
+                continue
+            for collection, values in entries.items():
+                for name, value in values.items():
+                    key = (collection, name)
+                    rows = rows_by_key.get(key)
+                    if rows is None:
+                        rows = rows_by_key[key] = []
+                        values_by_key[key] = []
+                    rows.append(row)
+                    values_by_key[key].append(value)
+        fetched_values, fetched_stacked = _host.to_host(
+            (values_by_key, [value for _, _, value in stacked])
+        )
+        for key, rows in rows_by_key.items():
+            self._column_for(key, rows[0]).extend(rows, fetched_values[key])
+        # Fused rows come in blocks; add them in row order per key.
+        for (key, row, _), block in sorted(
+            zip(stacked, fetched_stacked, strict=True), key=lambda item: item[0][1]
+        ):
+            block = np.asarray(block)
+            self._column_for(key, row).extend(list(range(row, row + len(block))), list(block))
+
+    def _column_for(self, key: tuple[str, str], first_row: int) -> _Column:
+        collection, name = key
+        columns = self._lookup.get(collection)
+        if columns is None:
+            columns = self._lookup[collection] = {}
+        column = columns.get(name)
+        if column is None:
+            column = columns[name] = self._columns[f"{collection}.{name}"] = _Column(first_row)
+        return column
 
     # --- reading -------------------------------------------------------------------------
     def __len__(self) -> int:

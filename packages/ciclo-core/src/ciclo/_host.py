@@ -31,8 +31,10 @@ def is_device_array(value: Any) -> bool:
     return isinstance(value, jax.Array)
 
 
-def _group_key(array: jax.Array) -> tuple[Any, ...]:
-    return (array.shape, array.dtype, array.sharding)
+def _group_key(array: jax.Array) -> Any:
+    # Shape and dtype; arrays that cannot be stacked together (different devices) fall
+    # back to one-by-one fetching.
+    return array.aval
 
 
 def _fetch_group(arrays: list[jax.Array]) -> list[np.ndarray]:
@@ -50,7 +52,7 @@ def _fetch_group(arrays: list[jax.Array]) -> list[np.ndarray]:
 def to_host(tree: T) -> T:
     """Fetches every device-array leaf of ``tree`` to host memory (as NumPy values)."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    groups: dict[tuple[Any, ...], list[int]] = {}
+    groups: dict[Any, list[int]] = {}
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, jax.Array):
             groups.setdefault(_group_key(leaf), []).append(i)
