@@ -15,7 +15,7 @@ import nox
 
 nox.needs_version = ">=2024.4.15"
 nox.options.default_venv_backend = "uv|virtualenv"
-nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.sessions = ["lint", "typecheck", "tests", "bench_tiny"]
 nox.options.error_on_external_run = True
 
 ROOT = Path(__file__).parent
@@ -93,3 +93,22 @@ def demo(session: nox.Session) -> None:
     """The README demo: a real training run on scikit-learn's digits."""
     session.install(*_packages(), "scikit-learn")
     session.run("python", "examples/demo.py", *session.posargs, env=ENV)
+
+
+def _install_bench(session: nox.Session) -> None:
+    session.install(*_packages(*ADAPTERS), "keras>=3")
+
+
+@nox.session(python=PYTHONS[0])
+def bench(session: nox.Session) -> None:
+    """Every benchmark at full size, side by side with its hand-written baseline;
+    writes benchmarks/RESULTS.md."""
+    _install_bench(session)
+    session.run("python", "benchmarks/run.py", *session.posargs, env={**ENV, "XLA_FLAGS": ""})
+
+
+@nox.session(python=PYTHONS[0])
+def bench_tiny(session: nox.Session) -> None:
+    """Every benchmark at a tiny size (CI), so they keep working."""
+    _install_bench(session)
+    session.run("python", "benchmarks/run.py", "--tiny", env={**ENV, "XLA_FLAGS": ""})
