@@ -9,6 +9,8 @@ from ._callback import Callback as Callback
 from ._callback import LoopCallback as LoopCallback
 from ._callback import LoopCallbackBase as LoopCallbackBase
 from ._callback import LoopState as LoopState
+from ._checkpoint import Checkpoint as Checkpoint
+from ._checkpoint import checkpoint as checkpoint
 from ._elapsed import Elapsed as Elapsed
 from ._elapsed import Period as Period
 from ._elapsed import at as at
@@ -18,6 +20,9 @@ from ._history import history as history
 from ._logs import Logs as Logs
 from ._logs import logs as logs
 from ._loop import loop as loop
+from ._resume import Restored as Restored
+from ._resume import restore as restore
+from ._resume import restore_best as restore_best
 from ._schedules import Schedule as Schedule
 from ._schedules import after as after
 from ._schedules import always as always

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ._elapsed import Elapsed
@@ -37,6 +37,14 @@ class LoopState:
         accumulated_logs: the latest value of every entry seen in this loop.
         metadata: free-form data of the loop (e.g. which loop this is).
         stop_iteration: set to ``True`` to end the loop after this step.
+        stop_reason: why the loop stopped early (e.g. ``"stopped by SIGTERM"``), or ``None``.
+        tasks: the running loop's tasks, normalised to ``[(Schedule, [Callback])]`` (read
+            only; checkpoints reach the schedules and stateful callbacks through it).
+        dataset: the dataset the loop iterates, as given to it.
+        initial_elapsed: the count the loop started from (for a resumed loop: the count the
+            interrupted loop had started from), so ``elapsed.steps -
+            initial_elapsed.steps`` batches were drawn from ``dataset``.
+        resumed: ``True`` when the loop continued a run from a checkpoint.
     """
 
     __slots__ = (
@@ -49,10 +57,22 @@ class LoopState:
         "metadata",
         "stop_iteration",
         "stop_reason",
+        "tasks",
+        "dataset",
+        "initial_elapsed",
+        "resumed",
+        "_step_end",
     )
 
     def __init__(
-        self, state: Any, history: History, elapsed: Elapsed, metadata: Any = None
+        self,
+        state: Any,
+        history: History,
+        elapsed: Elapsed,
+        metadata: Any = None,
+        *,
+        tasks: Sequence[tuple[Any, list[Callback]]] = (),
+        dataset: Any = None,
     ) -> None:
         self.state = state
         self.batch: Any = None
@@ -63,6 +83,30 @@ class LoopState:
         self.metadata = metadata
         self.stop_iteration = False
         self.stop_reason: str | None = None
+        self.tasks = list(tasks)
+        self.dataset = dataset
+        self.initial_elapsed = elapsed
+        self.resumed = False
+        self._step_end: list[Callable[[LoopState], None]] = []
+
+    def at_step_end(self, fn: Callable[[LoopState], None]) -> None:
+        """Runs ``fn(loop_state)`` once, when the current step is over: after every callback
+        of the step ran and its logs were committed to history, with ``elapsed`` counting
+        the step. A consistent end-of-step view, e.g. for a checkpoint."""
+        if fn not in self._step_end:
+            self._step_end.append(fn)
+
+    def run_step_end(self) -> None:
+        """Runs (and clears) what :meth:`at_step_end` queued; called by the loop."""
+        hooks, self._step_end = self._step_end, []
+        for fn in hooks:
+            try:
+                fn(self)
+            except Exception as error:
+                error.add_note(
+                    f"(in ciclo step-end hook {callback_name(fn)} at step {self.elapsed.steps})"
+                )
+                raise
 
 
 @runtime_checkable

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -9,12 +10,13 @@ from typing import Any
 
 import jax
 
-from ._callback import NO_CHANGE, Callback, LoopState, as_callback
+from ._callback import NO_CHANGE, Callback, LoopState, as_callback, callback_name
 from ._elapsed import Elapsed, Period, elapse
+from . import _resume
 from ._history import History
 from ._logs import Logs
 from ._schedules import Schedule, as_schedule
-from ._signals import stop_gracefully_on
+from ._signals import exit_if_terminated, stop_gracefully_on
 
 __all__ = ["loop", "Tasks", "run_callbacks", "normalize_tasks"]
 
@@ -127,7 +129,8 @@ def loop(
     batch_size_fn: Callable[[Any], int] | None = None,
     metadata: Any = None,
     max_steps_in_flight: int = 2,
-    stop_signals: Sequence[signal.Signals] = (signal.SIGINT,),
+    stop_signals: Sequence[signal.Signals] = (signal.SIGINT, signal.SIGTERM),
+    resume: str | os.PathLike[str] | None = None,
 ) -> tuple[Any, History, Elapsed]:
     """Runs ``tasks`` over ``dataset``, threading ``state`` through the callbacks.
 
@@ -151,8 +154,22 @@ def loop(
         metadata: free-form data exposed as ``loop_state.metadata``.
         max_steps_in_flight: how many steps JAX may run ahead of Python (0: unbounded).
         stop_signals: signals that end the loop gracefully: the current step finishes,
-            ``on_end`` runs and the loop returns (Ctrl-C by default; a second Ctrl-C
-            interrupts at once). ``loop_state.stop_reason`` says why it stopped.
+            a ``ciclo.checkpoint`` in ``tasks`` saves, ``on_end`` runs, then the loop
+            returns after Ctrl-C (SIGINT), and the process exits with status
+            ``128 + signal`` (143 for SIGTERM) after any other signal, so a scheduler sees
+            an interrupted run. The same signal twice interrupts at once.
+            ``loop_state.stop_reason`` says why the loop stopped.
+        resume: a checkpoint directory (of ``ciclo.checkpoint``). When it holds a
+            checkpoint, the loop continues from the latest one as if it had never stopped:
+            state, ``elapsed``, history, the state of schedules and stateful callbacks are
+            restored and the batches already consumed are skipped (see
+            :func:`ciclo.restore` for how). A missing or empty directory starts afresh, so
+            the same command starts a run and continues it after a preemption. On resume,
+            ``on_start`` runs but its logs are not recorded again.
+
+    Callback objects in ``tasks`` may define ``__loop_end__(loop_state, error)``: it is
+    called once when the loop ends, before ``on_end`` (``error`` is ``None``), or when an
+    exception leaves the loop (``error`` is that exception, raised again afterwards).
 
     Returns:
         ``(state, history, elapsed)``, ``elapsed`` counting every batch consumed.
@@ -172,27 +189,75 @@ def loop(
     task_list = normalize_tasks(tasks)
     start_callbacks = _as_callback_list(on_start)
     end_callbacks = _as_callback_list(on_end)
+    end_hooks = _end_hooks(task_list)
     history = History() if history is None else history
-    steps = elapse(dataset, stop=stop, initial=elapsed, batch_size_fn=batch_size_fn)
-    loop_state = LoopState(state, history, steps.elapsed, metadata)
+    loop_state = LoopState(
+        state,
+        history,
+        elapsed or Elapsed.create(),
+        metadata,
+        tasks=task_list,
+        dataset=dataset,
+    )
+    source = dataset if resume is None else _resume.resume(resume, loop_state)
+    steps = elapse(source, stop=stop, initial=loop_state.elapsed, batch_size_fn=batch_size_fn)
+    loop_state.elapsed = steps.elapsed
     in_flight = _InFlight(max_steps_in_flight)
 
     run_callbacks(start_callbacks, loop_state)
+    if loop_state.resumed:  # the checkpoint's history already holds them
+        loop_state.logs = Logs()
     _commit(loop_state)
-    with stop_gracefully_on(loop_state, stop_signals):
-        for loop_state.elapsed, loop_state.batch in steps:
+    if loop_state._step_end:
+        loop_state.run_step_end()
+    with stop_gracefully_on(loop_state, stop_signals) as received:
+        try:
+            for loop_state.elapsed, loop_state.batch in steps:
+                loop_state.logs = Logs()
+                current = loop_state.elapsed
+                for schedule, callbacks in task_list:
+                    if schedule(current):
+                        run_callbacks(callbacks, loop_state)
+                _commit(loop_state)
+                if loop_state._step_end:
+                    loop_state.elapsed = steps.finish()
+                    loop_state.run_step_end()
+                in_flight.push(loop_state)
+                if loop_state.stop_iteration:
+                    break
+            loop_state.elapsed = steps.finish()
+            loop_state.batch = None
             loop_state.logs = Logs()
-            current = loop_state.elapsed
-            for schedule, callbacks in task_list:
-                if schedule(current):
-                    run_callbacks(callbacks, loop_state)
-            _commit(loop_state)
-            in_flight.push(loop_state)
-            if loop_state.stop_iteration:
-                break
-    loop_state.elapsed = steps.finish()
-    loop_state.batch = None
-    loop_state.logs = Logs()
+        except BaseException as error:
+            _run_end_hooks(end_hooks, loop_state, error)
+            raise
+        _run_end_hooks(end_hooks, loop_state, None)
     run_callbacks(end_callbacks, loop_state)
     _commit(loop_state)
+    if loop_state._step_end:
+        loop_state.run_step_end()
+    exit_if_terminated(received, loop_state)
     return loop_state.state, history, loop_state.elapsed
+
+
+def _end_hooks(task_list: list[tuple[Schedule, list[Callback]]]) -> list[Any]:
+    """The distinct objects behind the callbacks (or their bound methods) that define
+    ``__loop_end__``, in order of appearance."""
+    found: dict[int, Any] = {}
+    for _, callbacks in task_list:
+        for callback in callbacks:
+            for owner in (callback.fn, getattr(callback.fn, "__self__", None)):
+                if owner is not None and callable(getattr(type(owner), "__loop_end__", None)):
+                    found.setdefault(id(owner), owner)
+    return list(found.values())
+
+
+def _run_end_hooks(hooks: list[Any], loop_state: LoopState, error: BaseException | None) -> None:
+    for owner in hooks:
+        try:
+            owner.__loop_end__(loop_state, error)
+        except Exception as hook_error:
+            if error is None:
+                hook_error.add_note(f"(in ciclo callback {callback_name(owner)}.__loop_end__)")
+                raise
+            error.add_note(f"(and {callback_name(owner)}.__loop_end__ failed: {hook_error!r})")
