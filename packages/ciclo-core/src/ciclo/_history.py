@@ -59,13 +59,16 @@ class _Column:
             return values.tolist() if isinstance(values, array) else list(values)
         if isinstance(values, array):
             dtype = np.float64 if values.typecode == "d" else np.int64
-            return np.frombuffer(values, dtype=dtype)[positions].tolist()
+            taken: list[Any] = np.frombuffer(values, dtype=dtype)[positions].tolist()
+            return taken
         return [values[i] for i in positions.tolist()]
 
     def value_at(self, row: int) -> tuple[bool, Any]:
         if self.rows is None:
             i = row - self.start
-            return (0 <= i < len(self.values)), (self.values[i] if 0 <= i < len(self.values) else None)
+            if 0 <= i < len(self.values):
+                return True, self.values[i]
+            return False, None
         i = int(np.searchsorted(self.row_indices(), row))
         if i < len(self.rows) and self.rows[i] == row:
             return True, self.values[i]
@@ -121,16 +124,19 @@ class History:
         else:
             self._store(row, entries)
 
-    def commit_many(self, elapsed: Sequence[Elapsed], logs: Mapping[str, Mapping[str, Any]]) -> None:
+    def commit_many(
+        self, elapsed: Sequence[Elapsed], logs: Mapping[str, Mapping[str, Any]]
+    ) -> None:
         """Adds ``len(elapsed)`` rows from logs whose values are stacked along axis 0
         (as returned by several steps fused in one call); split on the host when fetched."""
         count = len(elapsed)
         stacked = [(f"{c}.{n}", v) for c, values in logs.items() for n, v in values.items()]
         for key, value in stacked:
-            if getattr(value, "shape", (count,))[:1] != (count,):
+            shape = np.shape(value)  # reads `.shape`: no transfer for device arrays
+            if shape[:1] != (count,):
                 raise ValueError(
-                    f"commit_many: log entry {key!r} has shape {getattr(value, 'shape', None)}; "
-                    f"every value must be stacked along axis 0 with {count} rows."
+                    f"commit_many: log entry {key!r} has shape {shape}; every value must be "
+                    f"stacked along axis 0 with one row per elapsed ({count} rows)."
                 )
         first = self._num_rows
         self._num_rows += count
@@ -181,11 +187,11 @@ class History:
         return list(self._columns)
 
     def _resolve(self, key: str) -> str:
+        # A bare name resolves across collections and `elapsed` alike: a metric named
+        # "steps" makes "steps" ambiguous rather than silently shadowed.
         columns = self._columns
         if key in columns:
             return key
-        if key in _ELAPSED_FIELDS:
-            return f"elapsed.{key}"
         candidates = [k for k in columns if k.split(".", 1)[1] == key]
         if len(candidates) == 1:
             return candidates[0]
@@ -206,6 +212,9 @@ class History:
         if not keys:
             raise ValueError('collect() needs at least one key, e.g. collect("steps", "loss").')
         self.fetch()
+        if not self._num_rows and all(k in _ELAPSED_FIELDS for k in keys):
+            empty: list[Any] = []
+            return empty if len(keys) == 1 else tuple([] for _ in keys)
         columns = [self._columns[self._resolve(k)] for k in keys]
         if all(c.rows is None for c in columns):  # contiguous runs: intersect as ranges
             lo = max(c.start for c in columns)

@@ -6,7 +6,7 @@ Every consumer (history, progress bars, loggers, early stopping) fetches through
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import jax
 
@@ -17,9 +17,13 @@ T = TypeVar("T")
 
 def to_host(tree: T) -> T:
     """Fetches every array leaf of ``tree`` to host memory in one batched transfer."""
-    return jax.device_get(tree)
+    return cast(T, jax.device_get(tree))
 
 
 def is_device_array(value: Any) -> bool:
-    """Whether ``value`` lives on a device (fetching it costs a transfer)."""
-    return isinstance(value, jax.Array)
+    """Whether ``value`` is, or holds, an array on a device (fetching it costs a transfer)."""
+    if isinstance(value, jax.Array):
+        return True
+    if isinstance(value, int | float | str | bytes | None):  # the common case, kept cheap
+        return False
+    return any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(value))

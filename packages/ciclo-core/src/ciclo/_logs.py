@@ -13,6 +13,12 @@ __all__ = ["Logs", "logs", "LOG_COLLECTIONS"]
 LOG_COLLECTIONS = ("losses", "metrics", "stateful_metrics", "outputs")
 
 
+_UPDATES_IS_WRITE_ONLY = (
+    "Logs.updates is write-only: `logs.updates = other` merges `other` into `logs`. "
+    "Read entries with `logs.entry_value(name)` or `logs.<collection>.<name>`."
+)
+
+
 class _Collection(dict[str, Any]):
     """One collection of a :class:`Logs`: a dict with attribute access."""
 
@@ -34,9 +40,7 @@ class Logs(dict[str, Any]):
 
     Example:
         >>> import ciclo
-        >>> logs = ciclo.logs()
-        >>> logs.add_loss("loss", 0.5)
-        >>> logs.add_metric("accuracy", 0.9)
+        >>> logs = ciclo.logs().add_loss("loss", 0.5).add_metric("accuracy", 0.9)
         >>> logs.losses.loss, logs.entry_value("accuracy")
         (0.5, 0.9)
     """
@@ -62,6 +66,8 @@ class Logs(dict[str, Any]):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
+        if name == "updates":  # the property's getter raised; Python then asks us
+            raise AttributeError(_UPDATES_IS_WRITE_ONLY)
         try:
             return self[name]
         except KeyError:
@@ -111,10 +117,8 @@ class Logs(dict[str, Any]):
 
     @property
     def updates(self) -> None:
-        raise AttributeError(
-            "Logs.updates is write-only: `logs.updates = other` merges `other` into `logs`. "
-            "Read entries with `logs.entry_value(name)` or `logs.<collection>.<name>`."
-        )
+        """Write-only: ``logs.updates = other`` merges ``other`` into ``logs``."""
+        raise AttributeError(_UPDATES_IS_WRITE_ONLY)
 
     @updates.setter
     def updates(self, other: Mapping[str, Any] | None) -> None:
