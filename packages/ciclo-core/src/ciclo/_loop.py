@@ -89,7 +89,11 @@ class _InFlight:
     def push(self, loop_state: LoopState) -> None:
         if self.limit <= 0:
             return
-        marker = _first_array(loop_state.logs) or _first_array(loop_state.state)
+        # `is None`, never `or`: truth-testing an array would fetch it (or fail when it is
+        # not a scalar).
+        marker = _first_array(loop_state.logs)
+        if marker is None:
+            marker = _first_array(loop_state.state)
         if marker is None:
             return
         self.queue.append(marker)
