@@ -1,8 +1,8 @@
 """Every task of the ciclo monorepo is a nox session (uv backend).
 
-    nox                      # lint, typecheck and every test session
-    nox -s demo              # the README demo
-    nox -s "tests-3.11(package='core')"
+nox                      # lint, typecheck and every test session
+nox -s demo              # the README demo
+nox -s "tests-3.11(package='core')"
 """
 
 from __future__ import annotations

@@ -41,9 +41,10 @@ def measure(steps: int, device_values: int = 2048) -> dict[str, float]:
     current = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
     start = time.perf_counter()
-    steps_out, loss, accuracy = history.collect("steps", "loss", "accuracy")
+    steps_out, loss, _accuracy = history.collect("steps", "loss", "accuracy")
     collect_s = time.perf_counter() - start
-    assert len(loss) == steps and steps_out[-1] == steps - 1
+    assert len(loss) == steps
+    assert steps_out[-1] == steps - 1
     assert np.isclose(loss[5], float(pool[5 % device_values]))
     return {
         "steps": steps,

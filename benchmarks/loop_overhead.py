@@ -67,7 +67,7 @@ def candidates(state, dataset, train_step, keras_bar: bool):
         tasks = {ciclo.every(1): train_step}
         if keras_bar and hasattr(ciclo, "keras_bar"):
             tasks = {ciclo.every(1): [train_step, ciclo.keras_bar(len(dataset), file=_NULL)]}
-        s, history, _ = ciclo.loop(state, dataset, tasks)
+        s, _, _ = ciclo.loop(state, dataset, tasks)
         jax.block_until_ready(s)
 
     def manual_iteration():

@@ -1,7 +1,7 @@
 """Runs every benchmark script (each in its own process) and writes benchmarks/RESULTS.md.
 
-    python benchmarks/run.py            # full size: writes RESULTS.md
-    python benchmarks/run.py --tiny     # a few iterations of each, to keep them from rotting
+python benchmarks/run.py            # full size: writes RESULTS.md
+python benchmarks/run.py --tiny     # a few iterations of each, to keep them from rotting
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ SCRIPTS = [
 
 def _table(rows: list[dict]) -> list[str]:
     lines = [
-        "| benchmark | candidate | median | min–max | ratio | target |",
+        "| benchmark | candidate | median | min-max | ratio | target |",
         "|---|---|---:|---:|---:|---|",
     ]
     for r in rows:
@@ -38,7 +38,7 @@ def _table(rows: list[dict]) -> list[str]:
             continue
         lines.append(
             f"| {r['benchmark']} | {r['candidate']} | {r['median']:.2f} {r['unit']} | "
-            f"{r['min']:.2f}–{r['max']:.2f} | {r['ratio']:.3f} | {r.get('target', '')} |"
+            f"{r['min']:.2f}-{r['max']:.2f} | {r['ratio']:.3f} | {r.get('target', '')} |"
         )
     return lines
 

@@ -95,24 +95,21 @@ class _Column:
             return values.tolist() if isinstance(values, array) else list(values)
         if isinstance(values, array):
             dtype = np.float64 if values.typecode == "d" else np.int64
-            return np.frombuffer(values, dtype=dtype)[positions].tolist()
+            taken: list[Any] = np.frombuffer(values, dtype=dtype)[positions].tolist()
+            return taken
         return [values[i] for i in positions.tolist()]
 
     def value_at(self, row: int) -> tuple[bool, Any]:
         values = self.values if self.values is not None else []
         if self.rows is None:
             i = row - self.start
-            return (0 <= i < len(values)), (values[i] if 0 <= i < len(values) else None)
+            if 0 <= i < len(values):
+                return True, values[i]
+            return False, None
         i = int(np.searchsorted(self.row_indices(), row))
         if i < len(self.rows) and self.rows[i] == row:
             return True, values[i]
         return False, None
-
-
-def _has_device_array(entries: Mapping[str, Mapping[str, Any]]) -> bool:
-    return any(
-        isinstance(value, jax.Array) for values in entries.values() for value in values.values()
-    )
 
 
 def _pack(values: list[Any]) -> array[Any] | list[Any]:
@@ -164,8 +161,12 @@ class History:
         self.fetch_interval = fetch_interval
         self.max_pending = max_pending
         # Every row has its elapsed fields: dense columns from row 0.
-        self._elapsed = {"steps": array("q"), "samples": array("q"), "time": array("d")}
-        self._elapsed["date"] = array("d")
+        self._elapsed: dict[str, array[Any]] = {
+            "steps": array("q"),
+            "samples": array("q"),
+            "time": array("d"),
+            "date": array("d"),
+        }
         self._columns: dict[str, _Column] = {}  # "collection.name" -> column
         self._lookup: dict[str, dict[str, _Column]] = {}  # the same, by collection and name
         self._num_rows = 0
@@ -190,7 +191,9 @@ class History:
             return
         # A shallow copy: the caller may reuse its logs object; values are immutable.
         entries = {collection: dict(values) for collection, values in logs.items()}
-        if self._pending or _has_device_array(entries):
+        if self._pending or any(
+            _host.is_device_array(v) for values in entries.values() for v in values.values()
+        ):
             self._defer(row, entries)
         else:
             self._store(row, entries)
@@ -203,11 +206,11 @@ class History:
         count = len(elapsed)
         stacked = [(f"{c}.{n}", v) for c, values in logs.items() for n, v in values.items()]
         for key, value in stacked:
-            shape = getattr(value, "shape", None)
-            if shape is None or tuple(shape[:1]) != (count,):
+            shape = np.shape(value)  # reads `.shape`: no transfer for device arrays
+            if shape[:1] != (count,):
                 raise ValueError(
                     f"commit_many: log entry {key!r} has shape {shape}; every value must be "
-                    f"stacked along axis 0 with {count} rows, one per elapsed."
+                    f"stacked along axis 0 with one row per elapsed ({count} rows)."
                 )
         first = self._num_rows
         for e in elapsed:
@@ -225,47 +228,37 @@ class History:
             self.fetch()
 
     def _store(self, row: int, entries: Mapping[str, Mapping[str, Any]]) -> None:
-        self._ingest([(row, entries)])
+        self._ingest([(row, entries)], fetch=False)
 
     def fetch(self) -> None:
         """Fetches all pending device values to the host (batched, see ``_host.to_host``)."""
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        self._ingest(pending)
+        self._ingest(pending, fetch=True)
 
-    def _ingest(self, pending: list[tuple[int, Any]]) -> None:
-        # Gather rows and values per key, fetch them all at once, then extend each column
-        # in bulk: per-value Python work is what makes a history slow at a million rows.
-        rows_by_key: dict[tuple[str, str], list[int]] = {}
-        values_by_key: dict[tuple[str, str], list[Any]] = {}
-        stacked: list[tuple[tuple[str, str], int, Any]] = []
+    def _ingest(self, pending: list[tuple[int, Any]], *, fetch: bool) -> None:
+        # Fetch everything at once, gather rows and values per key (in row order), then
+        # extend each column in bulk: per-value Python work is what makes a history slow
+        # at a million rows.
+        if fetch:
+            pending = _host.to_host(pending)
+        gathered: dict[tuple[str, str], tuple[list[int], list[Any]]] = {}
         for row, entries in pending:
             if isinstance(entries, _Stacked):
-                for key, value in entries.entries:
-                    collection, name = key.split(".", 1)
-                    stacked.append(((collection, name), row, value))
+                for dotted, block in entries.entries:
+                    collection, name = dotted.split(".", 1)
+                    rows, values = gathered.setdefault((collection, name), ([], []))
+                    rows.extend(range(row, row + len(block)))
+                    values.extend(block)
                 continue
-            for collection, values in entries.items():
-                for name, value in values.items():
-                    key = (collection, name)
-                    rows = rows_by_key.get(key)
-                    if rows is None:
-                        rows = rows_by_key[key] = []
-                        values_by_key[key] = []
+            for collection, entry in entries.items():
+                for name, value in entry.items():
+                    rows, values = gathered.setdefault((collection, name), ([], []))
                     rows.append(row)
-                    values_by_key[key].append(value)
-        fetched_values, fetched_stacked = _host.to_host(
-            (values_by_key, [value for _, _, value in stacked])
-        )
-        for key, rows in rows_by_key.items():
-            self._column_for(key, rows[0]).extend(rows, fetched_values[key])
-        # Fused rows come in blocks; add them in row order per key.
-        for (key, row, _), block in sorted(
-            zip(stacked, fetched_stacked, strict=True), key=lambda item: item[0][1]
-        ):
-            block = np.asarray(block)
-            self._column_for(key, row).extend(list(range(row, row + len(block))), list(block))
+                    values.append(value)
+        for pair, (rows, values) in gathered.items():
+            self._column_for(pair, rows[0]).extend(rows, values)
 
     def _column_for(self, key: tuple[str, str], first_row: int) -> _Column:
         collection, name = key
@@ -347,12 +340,14 @@ class History:
         return self._columns[key]
 
     def _resolve(self, key: str) -> str:
+        # A bare name resolves across collections and `elapsed` alike: a metric named
+        # "steps" makes "steps" ambiguous rather than silently shadowed.
         columns = self._columns
         if key in columns or (key.startswith("elapsed.") and key[8:] in self._elapsed):
             return key
-        if key in _ELAPSED_FIELDS:
-            return f"elapsed.{key}"
         candidates = [k for k in columns if k.split(".", 1)[1] == key]
+        if key in _ELAPSED_FIELDS:
+            candidates.insert(0, f"elapsed.{key}")
         if len(candidates) == 1:
             return candidates[0]
         if candidates:
@@ -360,9 +355,8 @@ class History:
                 f"history key {key!r} is ambiguous; it could be any of {candidates}. "
                 f"Ask for one of them by its full name."
             )
-        raise KeyError(
-            f"history has no key {key!r}; available keys: {list(_ELAPSED_FIELDS) + sorted(columns)}"
-        )
+        available = sorted([f"elapsed.{f}" for f in _ELAPSED_FIELDS] + list(columns))
+        raise KeyError(f"history has no key {key!r}; available keys: {available}")
 
     def collect(self, *keys: str) -> Any:
         """Values of ``keys`` over the rows where all of them exist.
@@ -377,7 +371,7 @@ class History:
         columns = [self._column(self._resolve(k)) for k in keys]
         if all(c.rows is None for c in columns):  # contiguous runs: intersect as ranges
             lo = max(c.start for c in columns)
-            hi = min(c.start + len(c.values) for c in columns)
+            hi = min(c.start + len(c) for c in columns)
             out = [c.take(np.arange(lo - c.start, max(hi, lo) - c.start)) for c in columns]
         else:
             rows = columns[0].row_indices()

@@ -10,7 +10,7 @@ and fetches each chunk in one transfer.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +27,12 @@ _stack = jax.jit(lambda *arrays: jnp.stack(arrays))
 
 
 def is_device_array(value: Any) -> bool:
-    """Whether ``value`` lives on a device (fetching it costs a transfer)."""
-    return isinstance(value, jax.Array)
+    """Whether ``value`` is, or holds, an array on a device (fetching it costs a transfer)."""
+    if isinstance(value, jax.Array):
+        return True
+    if isinstance(value, int | float | str | bytes | None):  # the common case, kept cheap
+        return False
+    return any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(value))
 
 
 def _group_key(array: jax.Array) -> Any:
@@ -73,4 +77,4 @@ def to_host(tree: T) -> T:
     if singles:
         for i, value in zip(singles, jax.device_get([leaves[i] for i in singles]), strict=True):
             leaves[i] = value
-    return jax.tree_util.tree_unflatten(treedef, leaves)
+    return cast(T, jax.tree_util.tree_unflatten(treedef, leaves))

@@ -12,6 +12,11 @@ __all__ = ["Logs", "logs", "LOG_COLLECTIONS"]
 #: The collections ciclo knows by name. Any other collection name is allowed too.
 LOG_COLLECTIONS = ("losses", "metrics", "stateful_metrics", "outputs")
 
+_UPDATES_IS_WRITE_ONLY = (
+    "Logs.updates is write-only: `logs.updates = other` merges `other` into `logs`. "
+    "Read entries with `logs.entry_value(name)` or `logs.<collection>.<name>`."
+)
+
 
 class _CollectionView(MutableMapping[str, Any]):
     """``logs.<collection>``: the collection's dict, with attribute access to its entries.
@@ -67,9 +72,7 @@ class Logs(dict[str, Any]):
 
     Example:
         >>> import ciclo
-        >>> logs = ciclo.logs()
-        >>> logs.add_loss("loss", 0.5)
-        >>> logs.add_metric("accuracy", 0.9)
+        >>> logs = ciclo.logs().add_loss("loss", 0.5).add_metric("accuracy", 0.9)
         >>> logs.losses.loss, logs.entry_value("accuracy")
         (0.5, 0.9)
     """
@@ -95,6 +98,8 @@ class Logs(dict[str, Any]):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
+        if name == "updates":  # the property's getter raised; Python then asks us
+            raise AttributeError(_UPDATES_IS_WRITE_ONLY)
         try:
             return _CollectionView(self[name])
         except KeyError:
@@ -147,10 +152,8 @@ class Logs(dict[str, Any]):
 
     @property
     def updates(self) -> None:
-        raise AttributeError(
-            "Logs.updates is write-only: `logs.updates = other` merges `other` into `logs`. "
-            "Read entries with `logs.entry_value(name)` or `logs.<collection>.<name>`."
-        )
+        """Write-only: ``logs.updates = other`` merges ``other`` into ``logs``."""
+        raise AttributeError(_UPDATES_IS_WRITE_ONLY)
 
     @updates.setter
     def updates(self, other: Mapping[str, Any] | None) -> None:
