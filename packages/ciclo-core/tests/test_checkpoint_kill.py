@@ -18,7 +18,7 @@ import pytest
 import ciclo
 
 sys.path.insert(0, str(Path(__file__).parent))
-import checkpoint_training as training  # noqa: E402
+import checkpoint_training as training
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +81,8 @@ def test_sigterm_saves_exits_143_and_resume_is_bit_identical(tmp_path: Path) -> 
     found = re.search(r"ciclo: stopped by SIGTERM \(checkpoint (\d+) saved in .*\) after", message)
     assert found, message
     saved = int(found.group(1))
-    assert saved > reached and committed_steps(directory)[-1] == saved
+    assert saved > reached
+    assert committed_steps(directory)[-1] == saved
     resume_and_compare(directory, "list", f"stopped at step {reached}")
 
 
@@ -97,7 +98,8 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one(tmp_path: Path
         time.sleep(0.05)
     assert run.end(signal.SIGKILL) == -signal.SIGKILL
     partial = Path(marker.read_text())
-    assert partial.exists() and partial.parent == directory  # killed mid-write
+    assert partial.exists()
+    assert partial.parent == directory
     assert committed_steps(directory) == [1, training.EVERY + 1]
 
     restored = ciclo.restore(directory, training.init_state())

@@ -48,20 +48,20 @@ class LoopState:
     """
 
     __slots__ = (
+        "_step_end",
         "accumulated_logs",
         "batch",
+        "dataset",
         "elapsed",
         "history",
+        "initial_elapsed",
         "logs",
         "metadata",
+        "resumed",
         "state",
         "stop_iteration",
         "stop_reason",
         "tasks",
-        "dataset",
-        "initial_elapsed",
-        "resumed",
-        "_step_end",
     )
 
     def __init__(

@@ -106,13 +106,13 @@ class Checkpoint(LoopCallbackBase):
             self._wait_quietly(error)
             return
         stopped = loop_state.stop_reason is not None
-        if (stopped or self.save_on_end) and self._save(loop_state, monitored=False):
-            if stopped:
-                loop_state.stop_reason = (
-                    f"{loop_state.stop_reason} (checkpoint {loop_state.elapsed.steps} saved in "
-                    f"{self.directory})"
-                )
+        if stopped or self.save_on_end:
+            self._save(loop_state, monitored=False)
         self.wait()
+        if stopped and self._last_step == loop_state.elapsed.steps:
+            loop_state.stop_reason = (
+                f"{loop_state.stop_reason} (checkpoint {self._last_step} saved in {self.directory})"
+            )
 
     # --- saving -------------------------------------------------------------------------------
     def _save_at_step_end(self, loop_state: LoopState) -> None:

@@ -10,9 +10,9 @@ from typing import Any
 
 import jax
 
+from . import _resume
 from ._callback import NO_CHANGE, Callback, LoopState, as_callback, callback_name
 from ._elapsed import Elapsed, Period, elapse
-from . import _resume
 from ._history import History
 from ._logs import Logs
 from ._schedules import Schedule, as_schedule

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from . import _host
@@ -245,7 +246,7 @@ def _check_structure(saved: list[list[Any]], target: list[list[Any]], where: str
 
 
 def _is_key(value: Any) -> bool:
-    return jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
+    return bool(jnp.issubdtype(value.dtype, jax.dtypes.prng_key))
 
 
 def _uncommitted(value: Any) -> Any:
@@ -288,7 +289,12 @@ def _restore_target(target: Any, saved: list[Any]) -> Any:
     if isinstance(target, jax.Array):
         return ocp.utils.to_shape_dtype_struct(target)
     dtype = target.dtype if isinstance(target, np.ndarray | np.generic) else saved[3]
-    return jax.ShapeDtypeStruct(tuple(saved[2]), dtype)
+    return _abstract(saved[2], dtype)
+
+
+def _abstract(shape: Sequence[int], dtype: Any) -> Any:
+    """A host (NumPy) array to restore into, as orbax wants it: no sharding."""
+    return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))  # type: ignore[no-untyped-call]
 
 
 # --- saving -------------------------------------------------------------------------------------
@@ -336,7 +342,7 @@ def capture(loop_state: Any) -> tuple[Any, dict[str, np.ndarray], dict[str, Any]
     state_tree, described = _state_to_save(loop_state.state)
     owners = stateful_callbacks(loop_state.tasks)
     dataset = loop_state.dataset
-    live = _host.to_host(
+    live: dict[str, Any] = _host.to_host(
         {
             "logs": {c: dict(entries) for c, entries in loop_state.accumulated_logs.items()},
             "callbacks": [
@@ -404,10 +410,7 @@ def _read(manager: Any, path: str, step: int, target: Any) -> _Read:
     _collect_references(meta, references)
     if references:
         items["arrays"] = ocp.args.StandardRestore(
-            {
-                ref[_ARRAY]: jax.ShapeDtypeStruct(tuple(ref["shape"]), np.dtype(ref["dtype"]))
-                for ref in references
-            }
+            {ref[_ARRAY]: _abstract(ref["shape"], ref["dtype"]) for ref in references}
         )
     restored = manager.restore(step, args=ocp.args.Composite(**items)) if items else {}
     state = target
@@ -471,7 +474,7 @@ def restore(directory: str | os.PathLike[str], state: Any, *, step: int | None =
         >>> _ = ciclo.loop({"w": jnp.zeros(2)}, [jnp.ones((1, 2))] * 3,
         ...     {ciclo.every(1): lambda s, b: {"w": s["w"] + b[0]}},
         ...     on_end=ciclo.checkpoint(directory))  # doctest: +SKIP
-        >>> state, history, elapsed = ciclo.restore(directory, {"w": jnp.zeros(2)})  # doctest: +SKIP
+        >>> restored = ciclo.restore(directory, {"w": jnp.zeros(2)})  # doctest: +SKIP
     """
     path = checkpoint_path(directory)
     manager = _open(path, must_exist=True)
@@ -527,7 +530,10 @@ def restore_best(directory: str | os.PathLike[str], state: Any) -> Restored:
 def _load_tasks(
     tasks: Sequence[tuple[Any, Sequence[Any]]], meta: Mapping[str, Any], where: str
 ) -> None:
-    fix = "Resume with the same tasks (schedules and callbacks, in the same order) as the interrupted run."
+    fix = (
+        "Resume with the same tasks (schedules and callbacks, in the same order) as the "
+        "interrupted run."
+    )
     saved_schedules = meta["schedules"]
     if len(saved_schedules) != len(tasks):
         raise ValueError(
@@ -568,7 +574,7 @@ def skip_consumed(dataset: Any, position: int, state: Any) -> Iterable[Any]:
         return dataset  # type: ignore[no-any-return]
     if _is_sequence(dataset):
         return map(dataset.__getitem__, range(position, len(dataset)))
-    iterator = iter(dataset)
+    iterator: Iterator[Any] = iter(dataset)
     for consumed in range(position):
         try:
             next(iterator)
@@ -587,7 +593,8 @@ def resume(directory: str | os.PathLike[str], loop_state: Any) -> Iterable[Any]:
     path = checkpoint_path(directory)
     manager = _open(path, must_exist=False)
     if manager is None:
-        return loop_state.dataset  # type: ignore[no-any-return]
+        dataset: Iterable[Any] = loop_state.dataset
+        return dataset
     try:
         read = _read(manager, path, max(manager.all_steps()), loop_state.state)
     finally:
