@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import signal
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import jax
 
@@ -99,6 +100,164 @@ class _InFlight:
                 oldest.block_until_ready()
 
 
+def _is_fusable(callback: Callback) -> bool:
+    return hasattr(callback.fn, "__loop_callback_many__")
+
+
+def _steps_per_call(callback: Callback, loop_state: LoopState) -> int:
+    return int(callback.fn.__loop_steps_per_call__(loop_state))
+
+
+def _batch_signature(batch: Any) -> tuple[Any, ...]:
+    leaves, treedef = jax.tree_util.tree_flatten(batch)
+    return (treedef, *((getattr(x, "shape", None), getattr(x, "dtype", type(x))) for x in leaves))
+
+
+class _Group:
+    """Consecutive steps whose fused callback runs in one call (see :func:`loop`)."""
+
+    __slots__ = ("after", "batches", "before_logs", "elapsed", "fused", "signature", "size")
+
+    def __init__(self, fused: Callback, size: int, before_logs: Logs, batch: Any) -> None:
+        self.fused, self.size, self.before_logs = fused, size, before_logs
+        self.signature = _batch_signature(batch)
+        self.elapsed: list[Elapsed] = []
+        self.batches: list[Any] = []
+        self.after: list[Callback] = []
+
+    def accepts(self, fired: list[Callback], batch: Any) -> bool:
+        return (
+            not self.after
+            and bool(fired)
+            and fired[0] is self.fused
+            and _batch_signature(batch) == self.signature
+        )
+
+    def add(self, elapsed: Elapsed, batch: Any, after: list[Callback]) -> None:
+        self.elapsed.append(elapsed)
+        self.batches.append(batch)
+        self.after = after
+
+    def run(self, loop_state: LoopState, in_flight: _InFlight) -> None:
+        loop_state.elapsed, loop_state.batch = self.elapsed[-1], self.batches[-1]
+        if len(self.batches) == 1:  # a plain step
+            loop_state.logs = self.before_logs
+            run_callbacks([self.fused, *self.after], loop_state)
+            _commit(loop_state)
+            in_flight.push(loop_state)
+            return
+        loop_state.elapsed = self.elapsed[0]
+        try:
+            logs, state = self.fused.parse(
+                self.fused.fn.__loop_callback_many__(loop_state, self.batches)
+            )
+        except Exception as error:
+            first, last = self.elapsed[0].steps, self.elapsed[-1].steps
+            error.add_note(f"(in ciclo callback {self.fused.name} at steps {first}-{last})")
+            raise
+        if state is not NO_CHANGE:
+            loop_state.state = state
+        logs = logs or Logs()
+        if self.before_logs or self.after:
+            rows = _unstack(logs, len(self.batches))
+            rows[0] = Logs(self.before_logs).merge(rows[0])
+            for elapsed, batch, row in zip(self.elapsed[:-1], self.batches, rows, strict=False):
+                loop_state.elapsed, loop_state.batch, loop_state.logs = elapsed, batch, row
+                _commit(loop_state)
+            loop_state.elapsed, loop_state.batch = self.elapsed[-1], self.batches[-1]
+            loop_state.logs = rows[-1]
+            run_callbacks(self.after, loop_state)
+            _commit(loop_state)
+        else:
+            loop_state.elapsed = self.elapsed[-1]
+            if logs:
+                loop_state.history.commit_many(self.elapsed, logs)
+                loop_state.logs = _last_row(logs)
+                loop_state.accumulated_logs.merge(loop_state.logs)
+        in_flight.push(loop_state)
+
+
+@jax.jit
+def _last_row(logs: Logs) -> Logs:
+    return cast(Logs, jax.tree.map(lambda x: x[-1], logs))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _unstack_rows(logs: Logs, count: int) -> list[Logs]:
+    return [jax.tree.map(lambda x, i=i: x[i], logs) for i in range(count)]
+
+
+def _unstack(logs: Logs, count: int) -> list[Logs]:
+    """Stacked logs as one :class:`Logs` per row (in one dispatch)."""
+    if not jax.tree_util.tree_leaves(logs):
+        return [Logs() for _ in range(count)]
+    return cast(list[Logs], _unstack_rows(logs, count))
+
+
+def _fired(
+    task_list: list[tuple[Schedule, list[Callback]]], elapsed: Elapsed
+) -> Iterator[Callback]:
+    """The callbacks whose schedule fires, in order; each schedule is asked only when the
+    iteration reaches it, so callbacks that ran before it have already run."""
+    for schedule, callbacks in task_list:
+        if schedule(elapsed):
+            yield from callbacks
+
+
+def _start_step(
+    loop_state: LoopState,
+    elapsed: Elapsed,
+    batch: Any,
+    fired: Iterator[Callback],
+    in_flight: _InFlight,
+) -> _Group | None:
+    """Runs a step's callbacks in order, up to a fused callback (K > 1): then asks the
+    remaining schedules and returns the group that step starts. Without one, the step is
+    complete (committed) and the result is ``None``."""
+    loop_state.elapsed, loop_state.batch, loop_state.logs = elapsed, batch, Logs()
+    for callback in fired:
+        if _is_fusable(callback):
+            size = _steps_per_call(callback, loop_state)
+            if size > 1:
+                group = _Group(callback, size, loop_state.logs, batch)
+                group.add(elapsed, batch, list(fired))
+                return group
+        run_callbacks([callback], loop_state)
+    _commit(loop_state)
+    in_flight.push(loop_state)
+    return None
+
+
+def _run_steps(
+    loop_state: LoopState,
+    steps: elapse,
+    task_list: list[tuple[Schedule, list[Callback]]],
+    in_flight: _InFlight,
+) -> None:
+    """Runs every batch: the callbacks whose schedules fire, in order, then a commit of the
+    step's logs. Consecutive steps of a fused callback run as one group (see :func:`loop`)."""
+    group: _Group | None = None
+    for elapsed, batch in steps:
+        if group is not None:
+            fired = list(_fired(task_list, elapsed))
+            if group.accepts(fired, batch):
+                group.add(elapsed, batch, fired[1:])
+            else:
+                group.run(loop_state, in_flight)
+                group = _start_step(loop_state, elapsed, batch, iter(fired), in_flight)
+        else:
+            group = _start_step(loop_state, elapsed, batch, _fired(task_list, elapsed), in_flight)
+        if group is not None and (
+            group.after or len(group.batches) >= group.size or loop_state.stop_iteration
+        ):
+            group.run(loop_state, in_flight)
+            group = None
+        if loop_state.stop_iteration:
+            break
+    if group is not None:
+        group.run(loop_state, in_flight)
+
+
 def _first_array(tree: Any) -> jax.Array | None:
     for leaf in jax.tree_util.tree_leaves(tree):
         if isinstance(leaf, jax.Array):
@@ -146,6 +305,19 @@ def loop(
             ``on_end`` runs and the loop returns (Ctrl-C by default; a second Ctrl-C
             interrupts at once). ``loop_state.stop_reason`` says why it stopped.
 
+    Fused steps: a callback that implements ``__loop_steps_per_call__(loop_state) -> K``
+    and ``__loop_callback_many__(loop_state, batches) -> (stacked logs, state)`` (a managed
+    step under a strategy with ``steps_per_call=K``) runs up to K consecutive batches in one
+    call. Every schedule is still asked once per batch, in order, when the batch is drawn,
+    and a group is cut so that each callback runs on exactly the steps, the state and the
+    logs it would see with K=1: a group holds consecutive steps where the fused callback
+    fires, ends after a step where a callback placed *after* it fires too (that callback
+    then runs on the group's final state and that step's logs), and starts anew at a step
+    where one placed *before* it fires (it runs first, on the state before the group).
+    Batches of another shape (a smaller last batch) also start a new group; a group of one
+    is a plain step. So a callback that fires on every step (put in the same task as the
+    fused step) leaves nothing to fuse: give it its own, sparser schedule.
+
     Returns:
         ``(state, history, elapsed)``, ``elapsed`` counting every batch consumed.
 
@@ -172,16 +344,7 @@ def loop(
     run_callbacks(start_callbacks, loop_state)
     _commit(loop_state)
     with stop_gracefully_on(loop_state, stop_signals):
-        for loop_state.elapsed, loop_state.batch in steps:
-            loop_state.logs = Logs()
-            current = loop_state.elapsed
-            for schedule, callbacks in task_list:
-                if schedule(current):
-                    run_callbacks(callbacks, loop_state)
-            _commit(loop_state)
-            in_flight.push(loop_state)
-            if loop_state.stop_iteration:
-                break
+        _run_steps(loop_state, steps, task_list, in_flight)
     loop_state.elapsed = steps.finish()
     loop_state.batch = None
     loop_state.logs = Logs()
