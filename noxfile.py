@@ -1,8 +1,8 @@
 """Every task of the ciclo monorepo is a nox session (uv backend).
 
-    nox                      # lint, typecheck and every test session
-    nox -s demo              # the README demo
-    nox -s "tests-3.11(package='core')"
+nox                      # lint, typecheck and every test session
+nox -s demo              # the README demo
+nox -s "tests-3.11(package='core')"
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import nox
 
 nox.needs_version = ">=2024.4.15"
 nox.options.default_venv_backend = "uv|virtualenv"
-nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.sessions = ["lint", "typecheck", "tests", "bench_tiny"]
 nox.options.error_on_external_run = True
 
 ROOT = Path(__file__).parent
@@ -33,15 +33,12 @@ ENV = {
 
 
 def _expose_pyenv_pythons() -> None:
-    """Lets nox find every pyenv-installed Python (shims only answer for active versions)."""
+    """Puts every pyenv-installed Python 3.11+ on PATH, so nox finds e.g. python3.13
+    without pyenv shims (which only answer for the active version)."""
     root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-    if "PYENV_VERSION" in os.environ or not os.path.isdir(root):
-        return
-    versions = sorted(
-        os.path.basename(p) for p in glob.glob(os.path.join(root, "versions", "3.1[1-9].*"))
-    )
-    if versions:
-        os.environ["PYENV_VERSION"] = ":".join(versions)
+    bins = sorted(glob.glob(os.path.join(root, "versions", "3.1[1-9].*", "bin")))
+    if bins:
+        os.environ["PATH"] = os.pathsep.join([*bins, os.environ.get("PATH", "")])
 
 
 _expose_pyenv_pythons()
@@ -96,3 +93,22 @@ def demo(session: nox.Session) -> None:
     """The README demo: a real training run on scikit-learn's digits."""
     session.install(*_packages(), "scikit-learn")
     session.run("python", "examples/demo.py", *session.posargs, env=ENV)
+
+
+def _install_bench(session: nox.Session) -> None:
+    session.install(*_packages(*ADAPTERS), "keras>=3")
+
+
+@nox.session(python=PYTHONS[0])
+def bench(session: nox.Session) -> None:
+    """Every benchmark at full size, side by side with its hand-written baseline;
+    writes benchmarks/RESULTS.md."""
+    _install_bench(session)
+    session.run("python", "benchmarks/run.py", *session.posargs, env={**ENV, "XLA_FLAGS": ""})
+
+
+@nox.session(python=PYTHONS[0])
+def bench_tiny(session: nox.Session) -> None:
+    """Every benchmark at a tiny size (CI), so they keep working."""
+    _install_bench(session)
+    session.run("python", "benchmarks/run.py", "--tiny", env={**ENV, "XLA_FLAGS": ""})

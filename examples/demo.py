@@ -91,7 +91,7 @@ def main() -> None:
         stop=args.steps,
     )
     test_accuracy = float(jnp.mean(forward(state["params"], x_test).argmax(-1) == y_test))
-    steps, loss = history.collect("steps", "loss")
+    loss = history.collect("loss")
     print(
         f"trained {elapsed.steps} steps ({elapsed.samples} samples) in {elapsed.time:.1f}s; "
         f"final train loss {np.mean(loss[-20:]):.4f}; test accuracy {test_accuracy:.4f}"

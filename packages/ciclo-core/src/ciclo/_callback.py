@@ -40,13 +40,13 @@ class LoopState:
     """
 
     __slots__ = (
-        "state",
-        "batch",
-        "history",
-        "elapsed",
-        "logs",
         "accumulated_logs",
+        "batch",
+        "elapsed",
+        "history",
+        "logs",
         "metadata",
+        "state",
         "stop_iteration",
         "stop_reason",
     )
@@ -127,16 +127,30 @@ def _positional_arity(fn: Callable[..., Any]) -> int:
         for p in signature.parameters.values()
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
-    if any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values()):
-        return 4
     required = [p for p in params if p.default is p.empty]
+    example = (
+        f"Example: def {getattr(fn, '__name__', 'callback')}(state, batch, elapsed, "
+        f"loop_state): ..."
+    )
     if len(required) > 4:
         raise TypeError(
             f"callback {name}{signature} needs {len(required)} positional arguments, but a "
             f"loop passes at most 4: the first 0-4 of (state, batch, elapsed, loop_state). "
-            f"Example: def {getattr(fn, '__name__', 'callback')}(state, batch, elapsed, "
-            f"loop_state): ..."
+            f"{example}"
         )
+    keyword_only = [
+        p.name
+        for p in signature.parameters.values()
+        if p.kind is p.KEYWORD_ONLY and p.default is p.empty
+    ]
+    if keyword_only:
+        raise TypeError(
+            f"callback {name}{signature} needs keyword-only arguments {keyword_only}, but a "
+            f"loop passes only positional ones: the first 0-4 of (state, batch, elapsed, "
+            f"loop_state). Give them defaults or bind them with functools.partial."
+        )
+    if any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values()):
+        return 4
     return min(len(params), 4)
 
 
@@ -147,6 +161,7 @@ class Callback:
     __slots__ = ("arity", "fn", "method", "name")
 
     def __init__(self, fn: Any) -> None:
+        self.method: Callable[..., Any]
         self.fn = fn
         self.name = callback_name(fn)
         if isinstance(fn, LoopCallback):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import time as _time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import jax
+import numpy as np
 
 __all__ = ["Elapsed", "Period", "at", "elapse", "default_batch_size"]
 
@@ -94,14 +96,17 @@ class Period:
         return {f: v for f in _PERIOD_FIELDS if (v := getattr(self, f)) is not None}
 
 
-def _check_period_value(caller: str, name: str, value: object, *, allow_zero: bool) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+def _check_period_value(caller: str, name: str, value: object, *, allow_zero: bool) -> float:
+    """Validates one period field; returns it as a Python int or float (NumPy scalars too)."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
         raise TypeError(
             f"{caller}: {name} must be a number, got {value!r} ({type(value).__name__})."
         )
-    if value < 0 or (value == 0 and not allow_zero):
+    number = int(value) if isinstance(value, numbers.Integral) else float(value)
+    if number < 0 or (number == 0 and not allow_zero):
         bound = "non-negative" if allow_zero else "positive"
         raise ValueError(f"{caller}: {name} must be {bound}, got {value!r}.")
+    return number
 
 
 def at(
@@ -121,24 +126,25 @@ def at(
         >>> ciclo.at(samples=60_000, time=3600).fields()
         {'samples': 60000, 'time': 3600}
     """
-    period = Period(steps=steps, samples=samples, time=time, date=date)
-    fields = period.fields()
+    fields = Period(steps=steps, samples=samples, time=time, date=date).fields()
     if not fields:
         raise ValueError(
             "at() needs a period: give steps, samples, time or date, e.g. at(1000) or "
             "at(samples=60_000)."
         )
-    for name, value in fields.items():
-        _check_period_value("at()", name, value, allow_zero=True)
-    return period
+    checked: dict[str, Any] = {
+        name: _check_period_value("at()", name, value, allow_zero=True)
+        for name, value in fields.items()
+    }
+    return Period(**checked)
 
 
 def as_period(value: int | Period | None, what: str) -> Period | None:
     """Normalises ``stop=``-style arguments: an int is steps."""
     if value is None or isinstance(value, Period):
         return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return at(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_):
+        return at(int(value))
     raise TypeError(
         f"{what} must be an int (steps) or a ciclo.at(...) Period, got {value!r} "
         f"({type(value).__name__}). Example: {what}=1000 or {what}=ciclo.at(samples=60_000)."
@@ -154,7 +160,7 @@ def default_batch_size(batch: Any) -> int:
     return 1
 
 
-class elapse(Iterator[tuple[Elapsed, Any]]):  # noqa: N801  (a function-like iterator)
+class elapse(Iterator[tuple[Elapsed, Any]]):
     """Iterates ``dataset`` and yields ``(elapsed, batch)``, the count before each batch.
 
     Stops before drawing a batch once ``stop`` is reached, so no batch is consumed in vain.

@@ -7,6 +7,7 @@ from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from . import _host
@@ -17,6 +18,23 @@ __all__ = ["History", "history"]
 
 _ELAPSED_FIELDS = ("steps", "samples", "time", "date")
 _TYPECODES = {bool: "list", int: "q", float: "d"}
+_PLAIN = (int, float, str, bool, type(None))
+
+
+class _Stacked:
+    """Pending rows of a fused call: entries stacked along axis 0 (a pytree)."""
+
+    __slots__ = ("count", "entries")
+
+    def __init__(self, count: int, entries: list[tuple[str, Any]]) -> None:
+        self.count, self.entries = count, entries
+
+
+jax.tree_util.register_pytree_node(
+    _Stacked,
+    lambda s: ([v for _, v in s.entries], (s.count, tuple(k for k, _ in s.entries))),
+    lambda aux, values: _Stacked(aux[0], list(zip(aux[1], values, strict=True))),
+)
 
 
 class _Column:
@@ -28,57 +46,86 @@ class _Column:
 
     __slots__ = ("rows", "start", "values")
 
-    def __init__(self, start: int, value: Any) -> None:
+    def __init__(self, start: int) -> None:
         self.start = start
         self.rows: array[int] | None = None  # None while rows are start, start+1, ...
-        code = _TYPECODES.get(type(value), "list")
-        self.values: array[Any] | list[Any] = [] if code == "list" else array(code)
+        self.values: array[Any] | list[Any] | None = None  # typed on the first values
 
-    def append(self, row: int, value: Any) -> None:
-        if self.rows is None and row != self.start + len(self.values):
-            self.rows = array("q", range(self.start, self.start + len(self.values)))
+    @classmethod
+    def dense(cls, values: array[Any]) -> _Column:
+        """A column holding a value for every row from 0."""
+        column = cls(0)
+        column.values = values
+        return column
+
+    def __len__(self) -> int:
+        return 0 if self.values is None else len(self.values)
+
+    def extend(self, rows: list[int], values: list[Any]) -> None:
+        """Appends ``values`` at increasing ``rows`` (all after the rows already here)."""
+        end = self.start + len(self)
+        if self.rows is None and (rows[0] != end or rows[-1] - rows[0] != len(rows) - 1):
+            self.rows = array("q", range(self.start, end))
         if self.rows is not None:
-            self.rows.append(row)
-        values = self.values
-        if isinstance(values, array):
-            code = _TYPECODES.get(type(value))
-            if code == values.typecode or (code == "q" and values.typecode == "d"):
-                values.append(value)
-                return
-            self.values = values = values.tolist()
-        values.append(value)
+            self.rows.extend(rows)
+        packed = _pack(values)
+        current = self.values
+        if current is None:
+            self.values = packed
+        elif isinstance(current, array) and isinstance(packed, array):
+            if current.typecode == packed.typecode:
+                current.extend(packed)
+            elif current.typecode == "d":  # ints into a float column
+                current.extend(array("d", packed.tolist()))
+            else:  # floats into an int column: the column becomes float
+                self.values = array("d", current.tolist())
+                self.values.extend(packed)
+        else:
+            self.values = list(current) if isinstance(current, array) else current
+            self.values.extend(packed)
 
     def row_indices(self) -> np.ndarray:
         if self.rows is None:
-            return np.arange(self.start, self.start + len(self.values))
+            return np.arange(self.start, self.start + len(self))
         return np.frombuffer(self.rows, dtype=np.int64)
 
     def take(self, positions: np.ndarray | None) -> list[Any]:
-        values = self.values
+        values = self.values if self.values is not None else []
         if positions is None:
             return values.tolist() if isinstance(values, array) else list(values)
         if isinstance(values, array):
             dtype = np.float64 if values.typecode == "d" else np.int64
-            return np.frombuffer(values, dtype=dtype)[positions].tolist()
+            taken: list[Any] = np.frombuffer(values, dtype=dtype)[positions].tolist()
+            return taken
         return [values[i] for i in positions.tolist()]
 
     def value_at(self, row: int) -> tuple[bool, Any]:
+        values = self.values if self.values is not None else []
         if self.rows is None:
             i = row - self.start
-            return (0 <= i < len(self.values)), (
-                self.values[i] if 0 <= i < len(self.values) else None
-            )
+            if 0 <= i < len(values):
+                return True, values[i]
+            return False, None
         i = int(np.searchsorted(self.row_indices(), row))
         if i < len(self.rows) and self.rows[i] == row:
-            return True, self.values[i]
+            return True, values[i]
         return False, None
 
 
-def _as_python(value: Any) -> Any:
-    """0-d arrays become Python scalars; other values are kept as they are."""
-    if isinstance(value, np.ndarray | np.generic) and np.ndim(value) == 0:
-        return value.item()
-    return value
+def _pack(values: list[Any]) -> array[Any] | list[Any]:
+    """Numbers (Python or NumPy scalars) packed in a typed array; anything else in a list."""
+    try:
+        packed = np.asarray(values)
+    except (ValueError, TypeError):  # ragged arrays and the like
+        packed = None
+    if packed is not None and packed.ndim == 1 and packed.dtype.kind in "iuf":
+        if packed.dtype.kind == "f":
+            return array("d", packed.astype(np.float64).tobytes())
+        return array("q", packed.astype(np.int64).tobytes())
+    return [
+        v.item() if isinstance(v, np.generic) or getattr(v, "ndim", None) == 0 else v
+        for v in values
+    ]
 
 
 class History:
@@ -101,24 +148,40 @@ class History:
     def __init__(self, *, fetch_interval: float = 0.5, max_pending: int = 4096) -> None:
         self.fetch_interval = fetch_interval
         self.max_pending = max_pending
-        self._columns: dict[str, _Column] = {}
+        # Every row has its elapsed fields: dense columns from row 0.
+        self._elapsed: dict[str, array[Any]] = {
+            "steps": array("q"),
+            "samples": array("q"),
+            "time": array("d"),
+            "date": array("d"),
+        }
+        self._columns: dict[str, _Column] = {}  # "collection.name" -> column
+        self._lookup: dict[str, dict[str, _Column]] = {}  # the same, by collection and name
         self._num_rows = 0
-        self._pending: list[tuple[int, list[tuple[str, Any]]]] = []
+        self._pending: list[tuple[int, Any]] = []
         self._pending_since = 0.0
 
     # --- writing -------------------------------------------------------------------------
-    def commit(self, elapsed: Elapsed, logs: Mapping[str, Mapping[str, Any]] | None) -> None:
-        """Adds one row: the ``elapsed`` fields and every log entry ``collection.name``."""
+    def _add_elapsed(self, elapsed: Elapsed) -> int:
+        columns = self._elapsed
+        columns["steps"].append(elapsed.steps)
+        columns["samples"].append(elapsed.samples)
+        columns["time"].append(elapsed.time)
+        columns["date"].append(elapsed.date)
         row = self._num_rows
         self._num_rows += 1
-        entries = [(f"elapsed.{f}", getattr(elapsed, f)) for f in _ELAPSED_FIELDS]
-        on_device = False
-        if logs:
-            for collection, values in logs.items():
-                for name, value in values.items():
-                    entries.append((f"{collection}.{name}", value))
-                    on_device = on_device or _host.is_device_array(value)
-        if on_device or self._pending:
+        return row
+
+    def commit(self, elapsed: Elapsed, logs: Mapping[str, Mapping[str, Any]] | None) -> None:
+        """Adds one row: the ``elapsed`` fields and every log entry ``collection.name``."""
+        row = self._add_elapsed(elapsed)
+        if not logs:
+            return
+        # A shallow copy: the caller may reuse its logs object; values are immutable.
+        entries = {collection: dict(values) for collection, values in logs.items()}
+        if self._pending or any(
+            _host.is_device_array(v) for values in entries.values() for v in values.values()
+        ):
             self._defer(row, entries)
         else:
             self._store(row, entries)
@@ -131,16 +194,18 @@ class History:
         count = len(elapsed)
         stacked = [(f"{c}.{n}", v) for c, values in logs.items() for n, v in values.items()]
         for key, value in stacked:
-            if getattr(value, "shape", (count,))[:1] != (count,):
+            shape = np.shape(value)  # reads `.shape`: no transfer for device arrays
+            if shape[:1] != (count,):
                 raise ValueError(
-                    f"commit_many: log entry {key!r} has shape {getattr(value, 'shape', None)}; "
-                    f"every value must be stacked along axis 0 with {count} rows."
+                    f"commit_many: log entry {key!r} has shape {shape}; every value must be "
+                    f"stacked along axis 0 with one row per elapsed ({count} rows)."
                 )
         first = self._num_rows
-        self._num_rows += count
-        self._defer(first, [("__stacked__", (list(elapsed), stacked))])
+        for e in elapsed:
+            self._add_elapsed(e)
+        self._defer(first, _Stacked(count, stacked))
 
-    def _defer(self, row: int, entries: list[tuple[str, Any]]) -> None:
+    def _defer(self, row: int, entries: Any) -> None:
         if not self._pending:
             self._pending_since = _time.monotonic()
         self._pending.append((row, entries))
@@ -150,47 +215,72 @@ class History:
         ):
             self.fetch()
 
-    def _store(self, row: int, entries: list[tuple[str, Any]]) -> None:
-        columns = self._columns
-        for key, value in entries:
-            value = _as_python(value)
-            column = columns.get(key)
-            if column is None:
-                column = columns[key] = _Column(row, value)
-            column.append(row, value)
+    def _store(self, row: int, entries: Mapping[str, Mapping[str, Any]]) -> None:
+        self._ingest([(row, entries)], fetch=False)
 
     def fetch(self) -> None:
-        """Fetches all pending device values to the host in one transfer."""
+        """Fetches all pending device values to the host (batched, see ``_host.to_host``)."""
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        pending = _host.to_host(pending)
+        self._ingest(pending, fetch=True)
+
+    def _ingest(self, pending: list[tuple[int, Any]], *, fetch: bool) -> None:
+        # Fetch everything at once, gather rows and values per key (in row order), then
+        # extend each column in bulk: per-value Python work is what makes a history slow
+        # at a million rows.
+        if fetch:
+            pending = _host.to_host(pending)
+        gathered: dict[tuple[str, str], tuple[list[int], list[Any]]] = {}
         for row, entries in pending:
-            if entries and entries[0][0] == "__stacked__":
-                elapsed_list, stacked = entries[0][1]
-                for i, elapsed in enumerate(elapsed_list):
-                    step_entries = [(f"elapsed.{f}", getattr(elapsed, f)) for f in _ELAPSED_FIELDS]
-                    step_entries += [(key, value[i]) for key, value in stacked]
-                    self._store(row + i, step_entries)
-            else:
-                self._store(row, entries)
+            if isinstance(entries, _Stacked):
+                for dotted, block in entries.entries:
+                    collection, name = dotted.split(".", 1)
+                    rows, values = gathered.setdefault((collection, name), ([], []))
+                    rows.extend(range(row, row + len(block)))
+                    values.extend(block)
+                continue
+            for collection, entry in entries.items():
+                for name, value in entry.items():
+                    rows, values = gathered.setdefault((collection, name), ([], []))
+                    rows.append(row)
+                    values.append(value)
+        for pair, (rows, values) in gathered.items():
+            self._column_for(pair, rows[0]).extend(rows, values)
+
+    def _column_for(self, key: tuple[str, str], first_row: int) -> _Column:
+        collection, name = key
+        columns = self._lookup.get(collection)
+        if columns is None:
+            columns = self._lookup[collection] = {}
+        column = columns.get(name)
+        if column is None:
+            column = columns[name] = self._columns[f"{collection}.{name}"] = _Column(first_row)
+        return column
 
     # --- reading -------------------------------------------------------------------------
     def __len__(self) -> int:
         return self._num_rows
 
     def keys(self) -> list[str]:
-        """Every ``collection.name`` key that appears in some row."""
+        """Every key that appears in some row: ``elapsed.<field>`` and ``collection.name``."""
         self.fetch()
-        return list(self._columns)
+        return [f"elapsed.{f}" for f in _ELAPSED_FIELDS] + list(self._columns)
+
+    def _column(self, key: str) -> _Column:
+        if key.startswith("elapsed.") and key[8:] in self._elapsed:
+            return _Column.dense(self._elapsed[key[8:]])
+        return self._columns[key]
 
     def _resolve(self, key: str) -> str:
+        # A bare name resolves across collections and `elapsed` alike: a metric named
+        # "steps" makes "steps" ambiguous rather than silently shadowed.
         columns = self._columns
-        if key in columns:
+        if key in columns or (key.startswith("elapsed.") and key[8:] in self._elapsed):
             return key
-        if key in _ELAPSED_FIELDS:
-            return f"elapsed.{key}"
         candidates = [k for k in columns if k.split(".", 1)[1] == key]
+        if key in _ELAPSED_FIELDS:
+            candidates.insert(0, f"elapsed.{key}")
         if len(candidates) == 1:
             return candidates[0]
         if candidates:
@@ -198,7 +288,8 @@ class History:
                 f"history key {key!r} is ambiguous; it could be any of {candidates}. "
                 f"Ask for one of them by its full name."
             )
-        raise KeyError(f"history has no key {key!r}; available keys: {sorted(columns)}")
+        available = sorted([f"elapsed.{f}" for f in _ELAPSED_FIELDS] + list(columns))
+        raise KeyError(f"history has no key {key!r}; available keys: {available}")
 
     def collect(self, *keys: str) -> Any:
         """Values of ``keys`` over the rows where all of them exist.
@@ -210,10 +301,10 @@ class History:
         if not keys:
             raise ValueError('collect() needs at least one key, e.g. collect("steps", "loss").')
         self.fetch()
-        columns = [self._columns[self._resolve(k)] for k in keys]
+        columns = [self._column(self._resolve(k)) for k in keys]
         if all(c.rows is None for c in columns):  # contiguous runs: intersect as ranges
             lo = max(c.start for c in columns)
-            hi = min(c.start + len(c.values) for c in columns)
+            hi = min(c.start + len(c) for c in columns)
             out = [c.take(np.arange(lo - c.start, max(hi, lo) - c.start)) for c in columns]
         else:
             rows = columns[0].row_indices()
@@ -229,7 +320,9 @@ class History:
             row += self._num_rows
         if not 0 <= row < self._num_rows:
             raise IndexError(f"history row {row} out of range ({self._num_rows} rows)")
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, dict[str, Any]] = {"elapsed": {}}
+        for field, values in self._elapsed.items():
+            out["elapsed"][field] = values[row]
         for key, column in self._columns.items():
             present, value = column.value_at(row)
             if present:

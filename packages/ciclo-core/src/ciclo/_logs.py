@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 import jax
@@ -12,17 +12,55 @@ __all__ = ["Logs", "logs", "LOG_COLLECTIONS"]
 #: The collections ciclo knows by name. Any other collection name is allowed too.
 LOG_COLLECTIONS = ("losses", "metrics", "stateful_metrics", "outputs")
 
+_UPDATES_IS_WRITE_ONLY = (
+    "Logs.updates is write-only: `logs.updates = other` merges `other` into `logs`. "
+    "Read entries with `logs.entry_value(name)` or `logs.<collection>.<name>`."
+)
 
-class _Collection(dict[str, Any]):
-    """One collection of a :class:`Logs`: a dict with attribute access."""
+
+class _CollectionView(MutableMapping[str, Any]):
+    """``logs.<collection>``: the collection's dict, with attribute access to its entries.
+
+    Collections are stored as plain dicts (fast to pass through ``jax.jit``); this view
+    reads and writes the same dict.
+    """
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, entries: dict[str, Any]) -> None:
+        self._entries = entries
 
     def __getattr__(self, name: str) -> Any:
         try:
-            return self[name]
+            return self._entries[name]
         except KeyError:
             raise AttributeError(
-                f"no entry {name!r} in this collection; entries: {sorted(self)}"
+                f"no entry {name!r} in this collection; entries: {sorted(self._entries)}"
             ) from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_entries":
+            object.__setattr__(self, name, value)
+        else:
+            self._entries[name] = value
+
+    def __getitem__(self, name: str) -> Any:
+        return self._entries[name]
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._entries[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        del self._entries[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return repr(self._entries)
 
 
 class Logs(dict[str, Any]):
@@ -34,9 +72,7 @@ class Logs(dict[str, Any]):
 
     Example:
         >>> import ciclo
-        >>> logs = ciclo.logs()
-        >>> logs.add_loss("loss", 0.5)
-        >>> logs.add_metric("accuracy", 0.9)
+        >>> logs = ciclo.logs().add_loss("loss", 0.5).add_metric("accuracy", 0.9)
         >>> logs.losses.loss, logs.entry_value("accuracy")
         (0.5, 0.9)
     """
@@ -54,7 +90,7 @@ class Logs(dict[str, Any]):
                 f"Logs collection {collection!r} must be a mapping of name -> value, got "
                 f"{type(entries).__name__}. Example: Logs({{'metrics': {{'accuracy': acc}}}})."
             )
-        dict.__setitem__(self, collection, _Collection(entries))
+        dict.__setitem__(self, collection, dict(entries))
 
     def __setitem__(self, collection: str, entries: Any) -> None:
         self._set_collection(collection, entries)
@@ -62,8 +98,10 @@ class Logs(dict[str, Any]):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
+        if name == "updates":  # the property's getter raised; Python then asks us
+            raise AttributeError(_UPDATES_IS_WRITE_ONLY)
         try:
-            return self[name]
+            return _CollectionView(self[name])
         except KeyError:
             raise AttributeError(
                 f"Logs has no collection {name!r}; collections: {sorted(self)}"
@@ -72,9 +110,11 @@ class Logs(dict[str, Any]):
     # --- writing -------------------------------------------------------------------------
     def add_entry(self, collection: str, name: str, value: Any) -> Logs:
         """Sets ``self[collection][name] = value`` and returns ``self``."""
-        if collection not in self:
-            dict.__setitem__(self, collection, _Collection())
-        self[collection][name] = value
+        entries = self.get(collection)
+        if entries is None:
+            entries = {}
+            dict.__setitem__(self, collection, entries)
+        entries[name] = value
         return self
 
     def add_loss(self, name: str, value: Any) -> Logs:
@@ -103,18 +143,17 @@ class Logs(dict[str, Any]):
                     f"cannot merge logs: collection {collection!r} is a "
                     f"{type(entries).__name__}, not a mapping of name -> value."
                 )
-            if collection in self:
-                self[collection].update(entries)
+            mine = self.get(collection)
+            if mine is None:
+                dict.__setitem__(self, collection, dict(entries))
             else:
-                dict.__setitem__(self, collection, _Collection(entries))
+                mine.update(entries)
         return self
 
     @property
     def updates(self) -> None:
-        raise AttributeError(
-            "Logs.updates is write-only: `logs.updates = other` merges `other` into `logs`. "
-            "Read entries with `logs.entry_value(name)` or `logs.<collection>.<name>`."
-        )
+        """Write-only: ``logs.updates = other`` merges ``other`` into ``logs``."""
+        raise AttributeError(_UPDATES_IS_WRITE_ONLY)
 
     @updates.setter
     def updates(self, other: Mapping[str, Any] | None) -> None:
@@ -167,7 +206,7 @@ def logs(*args: Any, **kwargs: Any) -> Logs:
     return Logs(*args, **kwargs)
 
 
-def _flatten_logs(value: Logs) -> tuple[tuple[_Collection, ...], tuple[str, ...]]:
+def _flatten_logs(value: Logs) -> tuple[tuple[dict[str, Any], ...], tuple[str, ...]]:
     keys = tuple(sorted(value))
     return tuple(value[k] for k in keys), keys
 
@@ -184,25 +223,6 @@ def _unflatten_logs(keys: tuple[str, ...], children: Any) -> Logs:
     return out
 
 
-def _flatten_collection(value: _Collection) -> tuple[tuple[Any, ...], tuple[str, ...]]:
-    keys = tuple(sorted(value))
-    return tuple(value[k] for k in keys), keys
-
-
-def _flatten_collection_with_keys(
-    value: _Collection,
-) -> tuple[tuple[tuple[Any, Any], ...], tuple[str, ...]]:
-    keys = tuple(sorted(value))
-    return tuple((jax.tree_util.DictKey(k), value[k]) for k in keys), keys
-
-
-def _unflatten_collection(keys: tuple[str, ...], children: Any) -> _Collection:
-    return _Collection(zip(keys, children, strict=True))
-
-
 jax.tree_util.register_pytree_with_keys(
     Logs, _flatten_logs_with_keys, _unflatten_logs, _flatten_logs
-)
-jax.tree_util.register_pytree_with_keys(
-    _Collection, _flatten_collection_with_keys, _unflatten_collection, _flatten_collection
 )

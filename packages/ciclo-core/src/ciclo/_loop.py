@@ -90,9 +90,11 @@ class _InFlight:
     def push(self, loop_state: LoopState) -> None:
         if self.limit <= 0:
             return
-        marker = _first_array(loop_state.logs) or _first_array(loop_state.state)
+        marker = _first_array(loop_state.logs)
         if marker is None:
-            return
+            marker = _first_array(loop_state.state)
+            if marker is None:
+                return
         self.queue.append(marker)
         if len(self.queue) > self.limit:
             oldest = self.queue.popleft()
@@ -259,6 +261,12 @@ def _run_steps(
 
 
 def _first_array(tree: Any) -> jax.Array | None:
+    if isinstance(tree, Logs):  # the common case, without flattening
+        for values in tree.values():
+            for value in values.values():
+                if isinstance(value, jax.Array):
+                    return value
+        return None
     for leaf in jax.tree_util.tree_leaves(tree):
         if isinstance(leaf, jax.Array):
             return leaf

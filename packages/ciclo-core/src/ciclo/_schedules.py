@@ -4,7 +4,9 @@ Firing rule (the same for steps, samples and time): ``every(n)`` has boundaries 
 ``0, n, 2n, ...``. It fires on a call when the elapsed count has reached a boundary that no
 earlier call had reached — once per call, however many boundaries the call passed. A fresh
 schedule fires on its first call only if the count is exactly on a boundary, so at the start
-of a loop (everything zero) ``every(...)`` fires: step 0 fires, for every kind.
+of a loop (everything zero) ``every(...)`` fires: step 0 fires, for every kind. When the count
+goes back (the same ``tasks`` drive a new loop that starts from zero again) a schedule starts
+afresh by the same rule, so that loop's step 0 fires too.
 
 Schedules that remember what they saw expose ``state_dict()`` / ``load_state_dict()`` so a
 resumed run fires exactly where the uninterrupted run would have.
@@ -12,6 +14,7 @@ resumed run fires exactly where the uninterrupted run would have.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -132,8 +135,7 @@ def _single_unit(
             f"{caller.rstrip('()')}(samples=10_000)."
         )
     ((unit, value),) = given.items()
-    _check_period_value(caller, unit, value, allow_zero=allow_zero)
-    return unit, value
+    return unit, _check_period_value(caller, unit, value, allow_zero=allow_zero)
 
 
 class _Every(Schedule):
@@ -141,28 +143,29 @@ class _Every(Schedule):
 
     def __init__(self, unit: str, period: float, offset: float = 0.0) -> None:
         self.unit, self.period, self.offset = unit, period, offset
-        self._last_index: int | None = None
+        self._last: float | None = None  # the count of the previous call
 
-    def _index(self, elapsed: Elapsed) -> int:
+    def _index(self, value: float) -> int:
         # The number of the last boundary reached; -1 before the first one.
-        return math.floor((getattr(elapsed, self.unit) - self.offset) / self.period)
+        return math.floor((value - self.offset) / self.period)
 
     def __call__(self, elapsed: Elapsed) -> bool:
-        index = self._index(elapsed)
-        last = self._last_index
-        self._last_index = index
+        value: float = getattr(elapsed, self.unit)
+        last, self._last = self._last, value
+        index = self._index(value)
         if index < 0:
             return False
-        if last is None:  # fresh: fire only when exactly on a boundary
-            value = getattr(elapsed, self.unit) - self.offset
-            return value == index * self.period
-        return index > last
+        if last is None or value < last:
+            # Fresh, or the count went back (the same tasks run a new loop from zero):
+            # fire only when exactly on a boundary.
+            return value - self.offset == index * self.period
+        return index > self._index(last)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"last_index": self._last_index}
+        return {"last": self._last}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self._last_index = state["last_index"]
+        self._last = state["last"]
 
     def __repr__(self) -> str:
         start = f"after({self.unit}={self.offset}).every" if self.offset else "every"
@@ -177,7 +180,8 @@ def every(
     Example:
         >>> import ciclo
         >>> s = ciclo.every(samples=100)
-        >>> [s(ciclo.Elapsed(steps=0, samples=n, time=0.0, date=0.0)) for n in (0, 64, 128, 192, 256)]
+        >>> counts = (0, 64, 128, 192, 256)
+        >>> [s(ciclo.Elapsed(steps=0, samples=n, time=0.0, date=0.0)) for n in counts]
         [True, False, True, False, True]
     """
     unit, period = _single_unit("every()", steps, samples, time)
@@ -189,7 +193,7 @@ class _After(Schedule):
         self.unit, self.start = unit, start
 
     def __call__(self, elapsed: Elapsed) -> bool:
-        return getattr(elapsed, self.unit) >= self.start
+        return bool(getattr(elapsed, self.unit) >= self.start)
 
     def every(
         self, steps: int | None = None, *, samples: int | None = None, time: float | None = None
@@ -261,6 +265,14 @@ def piecewise(
         period = as_period(start, "a piecewise start")
         assert period is not None
         parsed.append((period, as_schedule(schedule)))
+    starts = [period.fields() for period, _ in parsed]
+    if all(len(f) == 1 for f in starts) and len({next(iter(f)) for f in starts}) == 1:
+        values = [next(iter(f.values())) for f in starts]
+        if any(b <= a for a, b in itertools.pairwise(values)):
+            raise ValueError(
+                f"piecewise() starts must be increasing, got {values}. Write the pieces in "
+                f"the order they take over, e.g. {{0: ciclo.every(1), 100: ciclo.every(10)}}."
+            )
     return _Piecewise(parsed)
 
 

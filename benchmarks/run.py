@@ -1,0 +1,92 @@
+"""Runs every benchmark script (each in its own process) and writes benchmarks/RESULTS.md.
+
+python benchmarks/run.py            # full size: writes RESULTS.md
+python benchmarks/run.py --tiny     # a few iterations of each, to keep them from rotting
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+SCRIPTS = [
+    "loop_overhead.py",
+    "fused_steps.py",
+    "keras_fit.py",
+    "history_scale.py",
+    "eval_loop.py",
+    "flax_step.py",
+    "haiku_step.py",
+    "equinox_step.py",
+    "checkpoint_async.py",
+]
+
+
+def _table(rows: list[dict]) -> list[str]:
+    lines = [
+        "| benchmark | candidate | median | min-max | ratio | target |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        if "candidate" not in r:
+            continue
+        lines.append(
+            f"| {r['benchmark']} | {r['candidate']} | {r['median']:.2f} {r['unit']} | "
+            f"{r['min']:.2f}-{r['max']:.2f} | {r['ratio']:.3f} | {r.get('target', '')} |"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--only", nargs="*", help="run only these scripts")
+    args = parser.parse_args()
+    scripts = [s for s in SCRIPTS if (HERE / s).exists() and (not args.only or s in args.only)]
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rows.jsonl"
+        for script in scripts:
+            cmd = [sys.executable, str(HERE / script), "--json", str(out)]
+            if args.tiny:
+                cmd.append("--tiny")
+            print(f"== {script}", flush=True)
+            start = time.perf_counter()
+            result = subprocess.run(cmd, cwd=HERE, check=False)
+            print(f"   ({time.perf_counter() - start:.1f} s)", flush=True)
+            if result.returncode:
+                failures.append(script)
+        rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    if failures:
+        sys.exit(f"benchmarks failed: {failures}")
+    if args.tiny:
+        print(f"{len(rows)} rows from {len(scripts)} benchmark scripts (tiny: RESULTS.md kept)")
+        return
+    sys.path.insert(0, str(HERE))
+    from _harness import machine_info
+
+    info = machine_info()
+    lines = ["# Benchmark results", "", "Written by `nox -s bench` (`benchmarks/run.py`).", ""]
+    lines += [f"- {k}: {v}" for k, v in info.items()]
+    lines += ["", "## Timings (medians of alternating runs in one process)", ""]
+    lines += _table(rows)
+    other = [r for r in rows if "candidate" not in r]
+    if other:
+        lines += ["", "## Other measurements", ""]
+        for r in other:
+            lines.append("- " + ", ".join(f"{k}: {v}" for k, v in r.items()))
+    notes = HERE / "NOTES.md"
+    if notes.exists():
+        lines += ["", notes.read_text().strip()]
+    (HERE / "RESULTS.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {HERE / 'RESULTS.md'}")
+
+
+if __name__ == "__main__":
+    main()
