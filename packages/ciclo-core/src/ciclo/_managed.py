@@ -379,8 +379,8 @@ def _fuse(body: StepFunction) -> StepFunction:
 def _split_batch(step: ManagedStep, batch: Any, parts: int) -> tuple[Any, int]:
     """``batch`` as ``parts`` micro-batches stacked on a new first axis, and their rows.
 
-    Micro-batch ``j`` takes rows ``j, j + parts, ...``: each device's share of a sharded
-    batch splits locally, with no communication.
+    Micro-batch ``j`` takes rows ``j, j + parts, ...``: when each device's share of a
+    sharded batch divides by ``parts``, it splits locally, with no communication.
     """
     rows: set[int] = set()
 

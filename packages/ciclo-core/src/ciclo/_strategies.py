@@ -27,7 +27,7 @@ Strategies are looked up by name (``"eager"``, ``"jit"``, ``"data-parallel"``, `
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import numpy as np
@@ -85,13 +85,16 @@ def _spec(*axes: str) -> Any:
     return jax.sharding.PartitionSpec(*axes)  # type: ignore[no-untyped-call]
 
 
-def _check_count(strategy: str, option: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"{strategy}({option}=...) must be a positive int, got {value!r}; "
-            f"{option}=1 turns it off."
-        )
-    return value
+def _counts(strategy: str, steps_per_call: object, accumulate_steps: object) -> tuple[int, int]:
+    """The validated ``(steps_per_call, accumulate_steps)`` of a factory."""
+    counts = {"steps_per_call": steps_per_call, "accumulate_steps": accumulate_steps}
+    for option, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"{strategy}({option}=...) must be a positive int, got {value!r}; "
+                f"{option}=1 turns it off."
+            )
+    return cast(int, steps_per_call), cast(int, accumulate_steps)
 
 
 def eager() -> Strategy:
@@ -121,8 +124,7 @@ def jit(*, donate: bool = False, steps_per_call: int = 1, accumulate_steps: int 
         >>> ciclo.managed.jit(donate=True).name
         'jit'
     """
-    steps_per_call = _check_count("jit", "steps_per_call", steps_per_call)
-    accumulate_steps = _check_count("jit", "accumulate_steps", accumulate_steps)
+    steps_per_call, accumulate_steps = _counts("jit", steps_per_call, accumulate_steps)
 
     def compile_step(fn: StepFn) -> StepFn:
         return jax.jit(fn, donate_argnums=(0,) if donate else ())
@@ -205,8 +207,7 @@ def data_parallel(
     """
     from jax.sharding import AxisType, NamedSharding
 
-    steps_per_call = _check_count("data_parallel", "steps_per_call", steps_per_call)
-    accumulate_steps = _check_count("data_parallel", "accumulate_steps", accumulate_steps)
+    steps_per_call, accumulate_steps = _counts("data_parallel", steps_per_call, accumulate_steps)
     if mesh is None:
         # Auto axes: the compiler propagates shardings, so single-device code runs unchanged.
         mesh = jax.make_mesh((jax.device_count(),), (axis,), axis_types=(AxisType.Auto,))
@@ -295,8 +296,7 @@ def pmap(
     """
     from jax.sharding import Mesh, NamedSharding
 
-    steps_per_call = _check_count("pmap", "steps_per_call", steps_per_call)
-    accumulate_steps = _check_count("pmap", "accumulate_steps", accumulate_steps)
+    steps_per_call, accumulate_steps = _counts("pmap", steps_per_call, accumulate_steps)
     device_list = list(devices) if devices is not None else jax.local_devices()
     count = len(device_list)
     replicated = NamedSharding(Mesh(np.array(device_list), (axis_name,)), _spec())
