@@ -1,8 +1,8 @@
 """Every task of the ciclo monorepo is a nox session (uv backend).
 
-    nox                      # lint, typecheck and every test session
-    nox -s demo              # the README demo
-    nox -s "tests-3.11(package='core')"
+nox                      # lint, typecheck and every test session
+nox -s demo              # the README demo
+nox -s "tests-3.11(package='core')"
 """
 
 from __future__ import annotations
@@ -80,6 +80,8 @@ def tests(session: nox.Session, package: str) -> None:
     tests in tests/ with every adapter installed."""
     if package == "core":
         _install_tests(session, *[])
+        # the optional extras, so their callbacks (tensorboard_logger, History.plot) are tested
+        session.install("-e", f"{ROOT / 'packages' / 'ciclo-core'}[tensorboard,plot]")
         paths = ["packages/ciclo-core/tests"]
     elif package == "integration":
         _install_tests(session, *ADAPTERS)
