@@ -6,7 +6,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from ._elapsed import Elapsed
+from ._elapsed import Elapsed, default_batch_size
 from ._history import History
 from ._logs import Logs
 
@@ -37,6 +37,8 @@ class LoopState:
         accumulated_logs: the latest value of every entry seen in this loop.
         metadata: free-form data of the loop (e.g. which loop this is).
         stop_iteration: set to ``True`` to end the loop after this step.
+        stop_reason: why the loop stopped (set with ``stop_iteration``), or ``None``.
+        batch_size_fn: ``batch -> int``, how the loop counts the samples of a batch.
     """
 
     __slots__ = (
@@ -49,10 +51,16 @@ class LoopState:
         "state",
         "stop_iteration",
         "stop_reason",
+        "batch_size_fn",
     )
 
     def __init__(
-        self, state: Any, history: History, elapsed: Elapsed, metadata: Any = None
+        self,
+        state: Any,
+        history: History,
+        elapsed: Elapsed,
+        metadata: Any = None,
+        batch_size_fn: Callable[[Any], int] | None = None,
     ) -> None:
         self.state = state
         self.batch: Any = None
@@ -63,6 +71,17 @@ class LoopState:
         self.metadata = metadata
         self.stop_iteration = False
         self.stop_reason: str | None = None
+        self.batch_size_fn: Callable[[Any], int] = batch_size_fn or default_batch_size
+
+    def elapsed_after_step(self) -> Elapsed:
+        """The count once the current batch is done (``elapsed`` counts up to before it).
+
+        Outside a step (in ``on_start`` / ``on_end``, where there is no batch) this is
+        ``elapsed`` itself.
+        """
+        if self.batch is None:
+            return self.elapsed
+        return self.elapsed.update(self.batch_size_fn(self.batch))
 
 
 @runtime_checkable

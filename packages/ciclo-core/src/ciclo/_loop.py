@@ -14,6 +14,7 @@ from ._callback import NO_CHANGE, Callback, LoopState, as_callback
 from ._elapsed import Elapsed, Period, elapse
 from ._history import History
 from ._logs import Logs
+from ._named import NamedSchedule
 from ._schedules import Schedule, as_schedule
 from ._signals import stop_gracefully_on
 
@@ -45,6 +46,12 @@ def normalize_tasks(tasks: Tasks | None) -> list[tuple[Schedule, list[Callback]]
         )
     out: list[tuple[Schedule, list[Callback]]] = []
     for schedule, callbacks in tasks.items():
+        if isinstance(schedule, NamedSchedule):
+            raise TypeError(
+                f"tasks key {schedule!r} is a named schedule: it belongs to ciclo.train_loop, "
+                f"test_loop or predict_loop, which know when it happens. In loop(), use a "
+                f"schedule such as ciclo.every(1)."
+            )
         if isinstance(schedule, str):
             raise TypeError(
                 f"tasks key {schedule!r} is a name, but loop() needs schedules such as "
@@ -90,11 +97,19 @@ class _InFlight:
     def push(self, loop_state: LoopState) -> None:
         if self.limit <= 0:
             return
-        marker = _first_array(loop_state.logs)
-        if marker is None:
-            marker = _first_array(loop_state.state)
-            if marker is None:
-                return
+        self.push_tree(loop_state.logs, loop_state.state)
+
+    def push_tree(self, *trees: Any) -> None:
+        """Marks the first array of the first tree that has one as this step's result."""
+        if self.limit <= 0:
+            return
+        marker = None
+        for tree in trees:
+            marker = _first_array(tree)
+            if marker is not None:
+                break
+        else:
+            return
         self.queue.append(marker)
         if len(self.queue) > self.limit:
             oldest = self.queue.popleft()
@@ -346,7 +361,7 @@ def loop(
     end_callbacks = _as_callback_list(on_end)
     history = History() if history is None else history
     steps = elapse(dataset, stop=stop, initial=elapsed, batch_size_fn=batch_size_fn)
-    loop_state = LoopState(state, history, steps.elapsed, metadata)
+    loop_state = LoopState(state, history, steps.elapsed, metadata, batch_size_fn)
     in_flight = _InFlight(max_steps_in_flight)
 
     run_callbacks(start_callbacks, loop_state)
