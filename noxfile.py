@@ -77,6 +77,8 @@ def tests(session: nox.Session, package: str) -> None:
     tests in tests/ with every adapter installed."""
     if package == "core":
         _install_tests(session, *[])
+        # the optional extras, so their callbacks (tensorboard_logger, History.plot) are tested
+        session.install("-e", f"{ROOT / 'packages' / 'ciclo-core'}[tensorboard,plot]")
         paths = ["packages/ciclo-core/tests"]
     elif package == "integration":
         _install_tests(session, *ADAPTERS)

@@ -6,7 +6,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ._elapsed import Elapsed
+from ._elapsed import Elapsed, default_batch_size
 from ._history import History
 from ._logs import Logs
 
@@ -37,7 +37,9 @@ class LoopState:
         accumulated_logs: the latest value of every entry seen in this loop.
         metadata: free-form data of the loop (e.g. which loop this is).
         stop_iteration: set to ``True`` to end the loop after this step.
-        stop_reason: why the loop stopped early (e.g. ``"stopped by SIGTERM"``), or ``None``.
+        stop_reason: why the loop stopped (set with ``stop_iteration``, e.g. ``"stopped by
+            SIGTERM"``), or ``None``.
+        batch_size_fn: ``batch -> int``, how the loop counts the samples of a batch.
         tasks: the running loop's tasks, normalised to ``[(Schedule, [Callback])]`` (read
             only; checkpoints reach the schedules and stateful callbacks through it).
         dataset: the dataset the loop iterates, as given to it.
@@ -51,6 +53,7 @@ class LoopState:
         "_step_end",
         "accumulated_logs",
         "batch",
+        "batch_size_fn",
         "dataset",
         "elapsed",
         "history",
@@ -70,6 +73,7 @@ class LoopState:
         history: History,
         elapsed: Elapsed,
         metadata: Any = None,
+        batch_size_fn: Callable[[Any], int] | None = None,
         *,
         tasks: Sequence[tuple[Any, list[Callback]]] = (),
         dataset: Any = None,
@@ -83,6 +87,7 @@ class LoopState:
         self.metadata = metadata
         self.stop_iteration = False
         self.stop_reason: str | None = None
+        self.batch_size_fn: Callable[[Any], int] = batch_size_fn or default_batch_size
         self.tasks = list(tasks)
         self.dataset = dataset
         self.initial_elapsed = elapsed
@@ -107,6 +112,16 @@ class LoopState:
                     f"(in ciclo step-end hook {callback_name(fn)} at step {self.elapsed.steps})"
                 )
                 raise
+
+    def elapsed_after_step(self) -> Elapsed:
+        """The count once the current batch is done (``elapsed`` counts up to before it).
+
+        Outside a step (in ``on_start`` / ``on_end``, where there is no batch) this is
+        ``elapsed`` itself.
+        """
+        if self.batch is None:
+            return self.elapsed
+        return self.elapsed.update(self.batch_size_fn(self.batch))
 
 
 @runtime_checkable

@@ -80,7 +80,9 @@ class Checkpoint(LoopCallbackBase):
         _prepare_directory(self.directory)
         self._manager: Any = None
         self._last_step: int | None = None  # the last step saved (or found saved)
-        self._checked: int | None = None  # id of the loop whose directory was checked
+        self._end_step: int | None = None  # saved at a loop's end, unasked: replaceable
+        self._loop: LoopState | None = None  # the loop checked for checkpoints of later steps
+        self._ended: LoopState | None = None  # a loop that ended: later saves are synchronous
 
     def __repr__(self) -> str:
         return f"checkpoint({self.directory!r}, keep={self.keep}, monitor={self.monitor!r})"
@@ -106,8 +108,9 @@ class Checkpoint(LoopCallbackBase):
             self._wait_quietly(error)
             return
         stopped = loop_state.stop_reason is not None
-        if stopped or self.save_on_end:
-            self._save(loop_state, monitored=False)
+        if (stopped or self.save_on_end) and self._save(loop_state, monitored=False):
+            self._end_step = self._last_step
+        self._ended = loop_state
         self.wait()
         if stopped and self._last_step == loop_state.elapsed.steps:
             loop_state.stop_reason = (
@@ -176,13 +179,16 @@ class Checkpoint(LoopCallbackBase):
             ) from None
 
     def _save(self, loop_state: LoopState, *, monitored: bool) -> bool:
-        """Saves ``loop_state`` as checkpoint ``elapsed.steps``; ``False`` if it exists."""
+        """Saves ``loop_state`` as checkpoint ``elapsed.steps``; ``False`` if it exists.
+
+        A save asked for by the callback (from ``on_end`` in ``train_loop``, after the
+        evaluation) replaces the one the loop's end made at the same step unasked."""
         step = loop_state.elapsed.steps
         value = self._monitored_value(loop_state) if monitored else None
         manager = self._open()
         self.wait()  # orbax's save would wait for the previous one too; this names its error
-        if self._checked != id(loop_state):
-            self._checked = id(loop_state)
+        if self._loop is not loop_state:
+            self._loop, self._end_step = loop_state, None
             manager.reload()
             later = [s for s in manager.all_steps() if s > step]
             if later:
@@ -193,23 +199,29 @@ class Checkpoint(LoopCallbackBase):
                     f"directory."
                 )
         if step == self._last_step or step in manager.all_steps():
-            self._last_step = step
-            return False
+            if self._ended is loop_state and step == self._end_step:
+                manager.delete(step)
+                self._end_step = None
+            else:
+                self._last_step = step
+                return False
         import orbax.checkpoint as ocp
 
-        state_tree, arrays, meta = _resume.capture(loop_state)
-        items: dict[str, Any] = {"meta": ocp.args.JsonSave(meta)}
-        if state_tree is not None:
-            items["state"] = ocp.args.StandardSave(state_tree)
-        if arrays:
-            items["arrays"] = ocp.args.StandardSave(arrays)
+        captured = _resume.capture(loop_state)
+        items: dict[str, Any] = {"meta": ocp.args.JsonSave(captured.meta)}
+        if captured.state is not None:
+            items["state"] = ocp.args.StandardSave(captured.state)
+        if captured.copies:
+            items["copies"] = ocp.args.StandardSave(captured.copies)
+        if captured.arrays:
+            items["arrays"] = ocp.args.StandardSave(captured.arrays)
         metrics = None
         if value is not None:
             metrics = {"value": value, "monitor": self.monitor, "mode": self.mode}
         manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
         self._last_step = step
-        if not self.async_save:
-            self.wait()
+        if not self.async_save or self._ended is loop_state:
+            self.wait()  # nothing would wait for a save after the loop's end
         return True
 
     # --- waiting and errors -------------------------------------------------------------------

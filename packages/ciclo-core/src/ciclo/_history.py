@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time as _time
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
@@ -408,6 +409,32 @@ class History:
         row = self[-1]
         row.pop("elapsed", None)
         return Logs(row)
+
+    def plot(
+        self,
+        *keys: str | Sequence[str],
+        path: str | os.PathLike[str] | None = None,
+        x: str = "steps",
+        title: str | None = None,
+    ) -> Any:
+        """Plots log entries over the run with matplotlib (``pip install 'ciclo-core[plot]'``).
+
+        Args:
+            *keys: entries as for :meth:`collect`, one panel each; a tuple of keys shares a
+                panel (``("loss", "loss_test")``).
+            path: where to save the figure (a ``.png`` writes a PNG).
+            x: the x axis: ``"steps"``, ``"samples"`` or ``"time"``.
+            title: a title for the figure.
+
+        Returns:
+            the ``matplotlib.figure.Figure``.
+
+        Example:
+            >>> fig = history.plot("loss", ("accuracy", "accuracy_test"), path="run.png")  # doctest: +SKIP
+        """
+        from ._plot import plot_history
+
+        return plot_history(self, keys, path=path, x=x, title=title)
 
     def __repr__(self) -> str:
         return f"History({self._num_rows} rows, keys={sorted(self._columns)})"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, cast
 
 import jax
 
@@ -15,6 +16,7 @@ from ._callback import NO_CHANGE, Callback, LoopState, as_callback, callback_nam
 from ._elapsed import Elapsed, Period, elapse
 from ._history import History
 from ._logs import Logs
+from ._named import NamedSchedule
 from ._schedules import Schedule, as_schedule
 from ._signals import exit_if_terminated, stop_gracefully_on
 
@@ -46,6 +48,12 @@ def normalize_tasks(tasks: Tasks | None) -> list[tuple[Schedule, list[Callback]]
         )
     out: list[tuple[Schedule, list[Callback]]] = []
     for schedule, callbacks in tasks.items():
+        if isinstance(schedule, NamedSchedule):
+            raise TypeError(
+                f"tasks key {schedule!r} is a named schedule: it belongs to ciclo.train_loop, "
+                f"test_loop or predict_loop, which know when it happens. In loop(), use a "
+                f"schedule such as ciclo.every(1)."
+            )
         if isinstance(schedule, str):
             raise TypeError(
                 f"tasks key {schedule!r} is a name, but loop() needs schedules such as "
@@ -91,16 +99,223 @@ class _InFlight:
     def push(self, loop_state: LoopState) -> None:
         if self.limit <= 0:
             return
-        marker = _first_array(loop_state.logs)
-        if marker is None:
-            marker = _first_array(loop_state.state)
-            if marker is None:
-                return
+        self.push_tree(loop_state.logs, loop_state.state)
+
+    def push_tree(self, *trees: Any) -> None:
+        """Marks the first array of the first tree that has one as this step's result."""
+        if self.limit <= 0:
+            return
+        marker = None
+        for tree in trees:
+            marker = _first_array(tree)
+            if marker is not None:
+                break
+        else:
+            return
         self.queue.append(marker)
         if len(self.queue) > self.limit:
             oldest = self.queue.popleft()
             if not oldest.is_deleted():  # donated buffers are gone, and so finished
                 oldest.block_until_ready()
+
+
+def _is_fusable(callback: Callback) -> bool:
+    return hasattr(callback.fn, "__loop_callback_many__")
+
+
+def _steps_per_call(callback: Callback, loop_state: LoopState) -> int:
+    return int(callback.fn.__loop_steps_per_call__(loop_state))
+
+
+def _batch_signature(batch: Any) -> tuple[Any, ...]:
+    leaves, treedef = jax.tree_util.tree_flatten(batch)
+    return (treedef, *((getattr(x, "shape", None), getattr(x, "dtype", type(x))) for x in leaves))
+
+
+class _Group:
+    """Consecutive steps whose fused callback runs in one call (see :func:`loop`)."""
+
+    __slots__ = ("after", "batches", "before_logs", "elapsed", "fused", "signature", "size")
+
+    def __init__(self, fused: Callback, size: int, before_logs: Logs, batch: Any) -> None:
+        self.fused, self.size, self.before_logs = fused, size, before_logs
+        self.signature = _batch_signature(batch)
+        self.elapsed: list[Elapsed] = []
+        self.batches: list[Any] = []
+        self.after: list[Callback] = []
+
+    def accepts(self, fired: list[Callback], batch: Any) -> bool:
+        return (
+            not self.after
+            and bool(fired)
+            and fired[0] is self.fused
+            and _batch_signature(batch) == self.signature
+        )
+
+    def add(self, elapsed: Elapsed, batch: Any, after: list[Callback]) -> None:
+        self.elapsed.append(elapsed)
+        self.batches.append(batch)
+        self.after = after
+
+    def run(self, loop_state: LoopState, in_flight: _InFlight) -> None:
+        loop_state.elapsed, loop_state.batch = self.elapsed[-1], self.batches[-1]
+        if len(self.batches) == 1:  # a plain step
+            loop_state.logs = self.before_logs
+            run_callbacks([self.fused, *self.after], loop_state)
+            _commit(loop_state)
+            in_flight.push(loop_state)
+            return
+        loop_state.elapsed = self.elapsed[0]
+        try:
+            logs, state = self.fused.parse(
+                self.fused.fn.__loop_callback_many__(loop_state, self.batches)
+            )
+        except Exception as error:
+            first, last = self.elapsed[0].steps, self.elapsed[-1].steps
+            error.add_note(f"(in ciclo callback {self.fused.name} at steps {first}-{last})")
+            raise
+        if state is not NO_CHANGE:
+            loop_state.state = state
+        logs = logs or Logs()
+        if self.before_logs or self.after:
+            rows = _unstack(logs, len(self.batches))
+            rows[0] = Logs(self.before_logs).merge(rows[0])
+            for elapsed, batch, row in zip(self.elapsed[:-1], self.batches, rows, strict=False):
+                loop_state.elapsed, loop_state.batch, loop_state.logs = elapsed, batch, row
+                _commit(loop_state)
+            loop_state.elapsed, loop_state.batch = self.elapsed[-1], self.batches[-1]
+            loop_state.logs = rows[-1]
+            run_callbacks(self.after, loop_state)
+            _commit(loop_state)
+        else:
+            loop_state.elapsed = self.elapsed[-1]
+            if logs:
+                loop_state.history.commit_many(self.elapsed, logs)
+                loop_state.logs = _last_row(logs)
+                loop_state.accumulated_logs.merge(loop_state.logs)
+        in_flight.push(loop_state)
+
+
+@jax.jit
+def _last_row(logs: Logs) -> Logs:
+    return cast(Logs, jax.tree.map(lambda x: x[-1], logs))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _unstack_rows(logs: Logs, count: int) -> list[Logs]:
+    return [jax.tree.map(lambda x, i=i: x[i], logs) for i in range(count)]
+
+
+def _unstack(logs: Logs, count: int) -> list[Logs]:
+    """Stacked logs as one :class:`Logs` per row (in one dispatch)."""
+    if not jax.tree_util.tree_leaves(logs):
+        return [Logs() for _ in range(count)]
+    return cast(list[Logs], _unstack_rows(logs, count))
+
+
+def _fired(
+    task_list: list[tuple[Schedule, list[Callback]]], elapsed: Elapsed
+) -> Iterator[Callback]:
+    """The callbacks whose schedule fires, in order; each schedule is asked only when the
+    iteration reaches it, so callbacks that ran before it have already run."""
+    for schedule, callbacks in task_list:
+        if schedule(elapsed):
+            yield from callbacks
+
+
+def _start_step(
+    loop_state: LoopState,
+    elapsed: Elapsed,
+    batch: Any,
+    fired: Iterator[Callback],
+    in_flight: _InFlight,
+) -> _Group | None:
+    """Runs a step's callbacks in order, up to a fused callback (K > 1): then asks the
+    remaining schedules and returns the group that step starts. Without one, the step is
+    complete (committed) and the result is ``None``."""
+    loop_state.elapsed, loop_state.batch, loop_state.logs = elapsed, batch, Logs()
+    for callback in fired:
+        if _is_fusable(callback):
+            size = _steps_per_call(callback, loop_state)
+            if size > 1:
+                group = _Group(callback, size, loop_state.logs, batch)
+                group.add(elapsed, batch, list(fired))
+                return group
+        run_callbacks([callback], loop_state)
+    _commit(loop_state)
+    in_flight.push(loop_state)
+    return None
+
+
+def _run_steps(
+    loop_state: LoopState,
+    steps: elapse,
+    task_list: list[tuple[Schedule, list[Callback]]],
+    in_flight: _InFlight,
+) -> None:
+    """Runs every batch: the callbacks whose schedules fire, in order, then a commit of the
+    step's logs. Consecutive steps of a fused callback run as one group (see :func:`loop`).
+
+    What callbacks queued with ``loop_state.at_step_end`` runs once a step (or a group) is
+    complete and no batch is drawn but not yet run, so it sees a consistent run."""
+    group: _Group | None = None
+    for elapsed, batch in steps:
+        if group is not None:
+            fired = list(_fired(task_list, elapsed))
+            if group.accepts(fired, batch):
+                group.add(elapsed, batch, fired[1:])
+            else:
+                group.run(loop_state, in_flight)
+                group = _start_step(loop_state, elapsed, batch, iter(fired), in_flight)
+        else:
+            group = _start_step(loop_state, elapsed, batch, _fired(task_list, elapsed), in_flight)
+        if group is not None and (
+            group.after or len(group.batches) >= group.size or loop_state.stop_iteration
+        ):
+            group.run(loop_state, in_flight)
+            group = None
+        if group is None:
+            _end_step(loop_state)
+        if loop_state.stop_iteration:
+            break
+    if group is not None:
+        group.run(loop_state, in_flight)
+        _end_step(loop_state)
+
+
+def _end_step(loop_state: LoopState) -> None:
+    """Runs the step-end hooks, with ``elapsed`` counting the step just done."""
+    if not loop_state._step_end:
+        return
+    before = loop_state.elapsed
+    loop_state.elapsed = loop_state.elapsed_after_step()
+    try:
+        loop_state.run_step_end()
+    finally:
+        loop_state.elapsed = before
+
+
+def _end_hooks(callback_lists: Iterable[list[Callback]]) -> list[Any]:
+    """The distinct objects behind the callbacks (or their bound methods) that define
+    ``__loop_end__``, in order of appearance."""
+    found: dict[int, Any] = {}
+    for callbacks in callback_lists:
+        for callback in callbacks:
+            for owner in (callback.fn, getattr(callback.fn, "__self__", None)):
+                if owner is not None and callable(getattr(type(owner), "__loop_end__", None)):
+                    found.setdefault(id(owner), owner)
+    return list(found.values())
+
+
+def _run_end_hooks(hooks: list[Any], loop_state: LoopState, error: BaseException | None) -> None:
+    for owner in hooks:
+        try:
+            owner.__loop_end__(loop_state, error)
+        except Exception as hook_error:
+            if error is None:
+                hook_error.add_note(f"(in ciclo callback {callback_name(owner)}.__loop_end__)")
+                raise
+            error.add_note(f"(and {callback_name(owner)}.__loop_end__ failed: {hook_error!r})")
 
 
 def _first_array(tree: Any) -> jax.Array | None:
@@ -154,22 +369,38 @@ def loop(
         metadata: free-form data exposed as ``loop_state.metadata``.
         max_steps_in_flight: how many steps JAX may run ahead of Python (0: unbounded).
         stop_signals: signals that end the loop gracefully: the current step finishes,
-            a ``ciclo.checkpoint`` in ``tasks`` saves, ``on_end`` runs, then the loop
+            a ``ciclo.checkpoint`` of the loop saves, ``on_end`` runs, then the loop
             returns after Ctrl-C (SIGINT), and the process exits with status
-            ``128 + signal`` (143 for SIGTERM) after any other signal, so a scheduler sees
-            an interrupted run. The same signal twice interrupts at once.
+            ``128 + signal`` (143 for SIGTERM) after any other signal, so that a scheduler
+            sees an interrupted run. The same signal twice interrupts at once. Only the
+            outermost loop handles them: a loop run inside a callback runs to its end.
             ``loop_state.stop_reason`` says why the loop stopped.
         resume: a checkpoint directory (of ``ciclo.checkpoint``). When it holds a
             checkpoint, the loop continues from the latest one as if it had never stopped:
             state, ``elapsed``, history, the state of schedules and stateful callbacks are
             restored and the batches already consumed are skipped (see
             :func:`ciclo.restore` for how). A missing or empty directory starts afresh, so
-            the same command starts a run and continues it after a preemption. On resume,
+            that one command starts a run and continues it after a preemption. On resume,
             ``on_start`` runs but its logs are not recorded again.
 
-    Callback objects in ``tasks`` may define ``__loop_end__(loop_state, error)``: it is
-    called once when the loop ends, before ``on_end`` (``error`` is ``None``), or when an
-    exception leaves the loop (``error`` is that exception, raised again afterwards).
+    Callback objects (in ``tasks``, ``on_start`` or ``on_end``, or whose bound methods are)
+    may define ``__loop_end__(loop_state, error)``: it is called once when the loop ends,
+    before ``on_end`` (``error`` is ``None``), or when an exception leaves the loop
+    (``error`` is that exception, raised again afterwards). Callbacks may queue work for the
+    end of the current step with ``loop_state.at_step_end(fn)``.
+
+    Fused steps: a callback that implements ``__loop_steps_per_call__(loop_state) -> K``
+    and ``__loop_callback_many__(loop_state, batches) -> (stacked logs, state)`` (a managed
+    step under a strategy with ``steps_per_call=K``) runs up to K consecutive batches in one
+    call. Every schedule is still asked once per batch, in order, when the batch is drawn,
+    and a group is cut so that each callback runs on exactly the steps, the state and the
+    logs it would see with K=1: a group holds consecutive steps where the fused callback
+    fires, ends after a step where a callback placed *after* it fires too (that callback
+    then runs on the group's final state and that step's logs), and starts anew at a step
+    where one placed *before* it fires (it runs first, on the state before the group).
+    Batches of another shape (a smaller last batch) also start a new group; a group of one
+    is a plain step. So a callback that fires on every step (put in the same task as the
+    fused step) leaves nothing to fuse: give it its own, sparser schedule.
 
     Returns:
         ``(state, history, elapsed)``, ``elapsed`` counting every batch consumed.
@@ -189,13 +420,14 @@ def loop(
     task_list = normalize_tasks(tasks)
     start_callbacks = _as_callback_list(on_start)
     end_callbacks = _as_callback_list(on_end)
-    end_hooks = _end_hooks(task_list)
+    end_hooks = _end_hooks([start_callbacks, *(c for _, c in task_list), end_callbacks])
     history = History() if history is None else history
     loop_state = LoopState(
         state,
         history,
         elapsed or Elapsed.create(),
         metadata,
+        batch_size_fn,
         tasks=task_list,
         dataset=dataset,
     )
@@ -208,23 +440,10 @@ def loop(
     if loop_state.resumed:  # the checkpoint's history already holds them
         loop_state.logs = Logs()
     _commit(loop_state)
-    if loop_state._step_end:
-        loop_state.run_step_end()
+    _end_step(loop_state)
     with stop_gracefully_on(loop_state, stop_signals) as received:
         try:
-            for loop_state.elapsed, loop_state.batch in steps:
-                loop_state.logs = Logs()
-                current = loop_state.elapsed
-                for schedule, callbacks in task_list:
-                    if schedule(current):
-                        run_callbacks(callbacks, loop_state)
-                _commit(loop_state)
-                if loop_state._step_end:
-                    loop_state.elapsed = steps.finish()
-                    loop_state.run_step_end()
-                in_flight.push(loop_state)
-                if loop_state.stop_iteration:
-                    break
+            _run_steps(loop_state, steps, task_list, in_flight)
             loop_state.elapsed = steps.finish()
             loop_state.batch = None
             loop_state.logs = Logs()
@@ -234,30 +453,6 @@ def loop(
         _run_end_hooks(end_hooks, loop_state, None)
     run_callbacks(end_callbacks, loop_state)
     _commit(loop_state)
-    if loop_state._step_end:
-        loop_state.run_step_end()
+    _end_step(loop_state)
     exit_if_terminated(received, loop_state)
     return loop_state.state, history, loop_state.elapsed
-
-
-def _end_hooks(task_list: list[tuple[Schedule, list[Callback]]]) -> list[Any]:
-    """The distinct objects behind the callbacks (or their bound methods) that define
-    ``__loop_end__``, in order of appearance."""
-    found: dict[int, Any] = {}
-    for _, callbacks in task_list:
-        for callback in callbacks:
-            for owner in (callback.fn, getattr(callback.fn, "__self__", None)):
-                if owner is not None and callable(getattr(type(owner), "__loop_end__", None)):
-                    found.setdefault(id(owner), owner)
-    return list(found.values())
-
-
-def _run_end_hooks(hooks: list[Any], loop_state: LoopState, error: BaseException | None) -> None:
-    for owner in hooks:
-        try:
-            owner.__loop_end__(loop_state, error)
-        except Exception as hook_error:
-            if error is None:
-                hook_error.add_note(f"(in ciclo callback {callback_name(owner)}.__loop_end__)")
-                raise
-            error.add_note(f"(and {callback_name(owner)}.__loop_end__ failed: {hook_error!r})")

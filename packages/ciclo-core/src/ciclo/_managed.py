@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import zlib
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, TypeVar, cast
 
 import jax
 import jax.numpy as jnp
-import optax
+import numpy as np
+import optax  # type: ignore[import-untyped]
 
 from ._callback import LoopState
 from ._logs import Logs
@@ -23,17 +24,14 @@ S = TypeVar("S", bound="ManagedState")
 _REGISTERED: set[type] = set()
 
 
-def _static(default: Any = None) -> Any:
-    return dataclasses.field(default=default, metadata={"static": True})
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ManagedState:
     """A training state that is a pytree: ``step``, ``params``, the optimizer ``tx`` and its
     ``opt_state``, a ``strategy``, an RNG ``key``, and extra fields of your own.
 
-    Subclass it (as a ``@dataclasses.dataclass(frozen=True, kw_only=True)``) to add typed fields; mark fields that are not arrays
-    with ``dataclasses.field(metadata={"static": True})``. Extra keyword arguments of
+    Subclass it (as a ``@dataclasses.dataclass(frozen=True, kw_only=True)``) to add typed
+    fields; mark fields that are not arrays with
+    ``dataclasses.field(metadata={"static": True})``. Extra keyword arguments of
     :meth:`create` become attributes too (``state.batch_stats``).
 
     Example:
@@ -50,8 +48,10 @@ class ManagedState:
     opt_state: Any
     key: jax.Array | None = None
     extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    tx: optax.GradientTransformation | None = _static()
-    strategy: Strategy = _static()
+    tx: optax.GradientTransformation | None = dataclasses.field(
+        default=None, metadata={"static": True}
+    )
+    strategy: Strategy = dataclasses.field(default=cast(Strategy, None), metadata={"static": True})
 
     _field_names: ClassVar[frozenset[str]]
 
@@ -97,7 +97,7 @@ class ManagedState:
             strategy=get_strategy(strategy),
             **known,
         )
-        return state.strategy.place_state(state)
+        return cast(S, state.strategy.place_state(state))
 
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails: extra fields given to create().
@@ -144,10 +144,24 @@ class ManagedState:
             )
         return key
 
-    def with_strategy(self: S, strategy: str | Strategy) -> S:
-        """The same state under another strategy (its arrays placed for it)."""
-        new = self.replace(strategy=get_strategy(strategy))
-        return new.strategy.place_state(new)
+    def with_strategy(self: S, strategy: str | Strategy, **options: Any) -> S:
+        """The same state under another strategy (its arrays placed for it).
+
+        Args:
+            strategy: a name (``"jit"``, ``"data-parallel"``, ``"pmap"``...) or a
+                :class:`~ciclo.managed.Strategy`.
+            **options: options of the named strategy's factory, e.g. ``steps_per_call=8``
+                or ``accumulate_steps=4``.
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp, optax
+            >>> state = ciclo.managed.ManagedState.create(params={"w": jnp.zeros(3)}, tx=None)
+            >>> state = state.with_strategy("data-parallel", steps_per_call=8)
+            >>> state.strategy.name, state.strategy.steps_per_call
+            ('data-parallel', 8)
+        """
+        new = self.replace(strategy=get_strategy(strategy, **options))
+        return cast(S, new.strategy.place_state(new))
 
 
 def _register(cls: type) -> None:
@@ -167,36 +181,118 @@ class ManagedStep:
     Call it as ``logs, state = my_step(state, batch)``, as a method
     (``state.train_step(batch)``) when defined in a :class:`ManagedState` subclass, or put it
     in a loop's tasks: as a loop callback it always runs on the loop's current state.
+
+    Under a strategy with ``steps_per_call=K``, a loop runs up to K consecutive batches in
+    one compiled call (see :func:`ciclo.loop` for how it groups them); :meth:`many` does the
+    same for your own loops. Under ``accumulate_steps=N`` a train step splits each batch
+    into N micro-batches and makes one optimizer update from their averaged gradients.
     """
+
+    __name__: str
 
     def __init__(self, fn: StepFunction, *, differentiate: bool) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.differentiate = differentiate
-        self._compiled: dict[Strategy, StepFunction] = {}
+        self._compiled: dict[tuple[Strategy, bool], StepFunction] = {}
 
     def _run(self, state: Any, batch: Any) -> tuple[Logs, Any]:
         logs, new_state = self.fn(state, batch)
         return _check_logs(self, logs), new_state
 
-    def _run_with_gradients(self, state: Any, batch: Any) -> tuple[Logs, Any]:
-        def objective(params: Any) -> tuple[jax.Array, tuple[Logs, Any]]:
-            logs, new_state = self._run(state.replace(params=params), batch)
-            return _total_loss(self, logs), (logs, new_state)
+    def _gradients(self, state: Any, batch: Any, micro_steps: int) -> tuple[Any, Logs, Any]:
+        """Gradients of the total loss w.r.t. ``params``, the logs and the new state; with
+        ``micro_steps > 1`` the mean over that many micro-batches of ``batch``."""
 
-        grads, (logs, new_state) = jax.grad(objective, has_aux=True)(state.params)
-        new_state = new_state.replace(params=state.params).apply_gradients(grads)
-        return logs, new_state
+        def objective(params: Any, current: Any, batch: Any) -> tuple[jax.Array, Any]:
+            logs, new_state = self._run(current.replace(params=params), batch)
+            return _total_loss(self, logs), (logs, new_state.replace(params=state.params))
 
-    def compiled_for(self, strategy: Strategy) -> StepFunction:
-        """The step compiled for ``strategy`` (cached)."""
-        compiled = self._compiled.get(strategy)
+        gradient = jax.grad(objective, has_aux=True)
+        if micro_steps == 1:
+            grads, (logs, new_state) = gradient(state.params, state, batch)
+            return grads, logs, new_state
+
+        micro_batches, rows = _split_batch(self, batch, micro_steps)
+
+        def accumulate(carry: Any, micro_batch: Any) -> tuple[Any, Logs]:
+            total, current = carry
+            grads, (logs, new_state) = gradient(state.params, current, micro_batch)
+            return (jax.tree.map(jnp.add, total, grads), new_state), logs
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        (total, new_state), logs = jax.lax.scan(accumulate, (zeros, state), micro_batches)
+        grads = jax.tree.map(lambda g: g / micro_steps, total)
+        return grads, _merge_micro_logs(logs, rows), new_state
+
+    def _body(self, strategy: Strategy) -> StepFunction:
+        """One step as ``strategy`` runs it, before compilation."""
+        if not self.differentiate:
+
+            def run(state: Any, batch: Any) -> tuple[Logs, Any]:
+                logs, new_state = self._run(state, batch)
+                return strategy.reduce_logs(logs), new_state
+
+            return run
+
+        def train(state: Any, batch: Any) -> tuple[Logs, Any]:
+            grads, logs, new_state = self._gradients(state, batch, strategy.accumulate_steps)
+            grads = strategy.reduce_gradients(grads)
+            return strategy.reduce_logs(logs), new_state.apply_gradients(grads)
+
+        return train
+
+    def compiled_for(self, strategy: Strategy, *, fused: bool = False) -> StepFunction:
+        """The step compiled for ``strategy`` (cached); ``fused=True``: the version that
+        takes a tuple of batches and returns stacked logs (see :meth:`many`)."""
+        key = (strategy, fused)
+        compiled = self._compiled.get(key)
         if compiled is None:
-            body = self._run_with_gradients if self.differentiate else self._run
-            compiled = self._compiled[strategy] = strategy.compile(body)
+            body = self._body(strategy)
+            compiled = self._compiled[key] = strategy.compile(_fuse(body) if fused else body)
         return compiled
 
     def __call__(self, state: Any, batch: Any) -> tuple[Logs, Any]:
+        strategy = self._strategy_of(state)
+        return self.compiled_for(strategy)(state, strategy.place_batch(batch))
+
+    def many(self, state: Any, batches: Sequence[Any]) -> tuple[Logs, Any]:
+        """Runs one step per batch in a single compiled call (``lax.scan``).
+
+        Args:
+            state: a :class:`ManagedState`.
+            batches: batches of identical shapes.
+
+        Returns:
+            ``(logs, state)``: every log value stacked along a new first axis (one row per
+            batch), and the state after the last batch.
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp, optax
+            >>> @ciclo.managed.step
+            ... def count(state, batch):
+            ...     return ciclo.logs().add_metric("sum", batch.sum()), state
+            >>> state = ciclo.managed.ManagedState.create(params={}, tx=None)
+            >>> logs, state = count.many(state, [jnp.ones(2), 2 * jnp.ones(2)])
+            >>> logs.metrics.sum.tolist()
+            [2.0, 4.0]
+        """
+        strategy = self._strategy_of(state)
+        batches = tuple(batches)
+        if not batches:
+            raise ValueError(f"{self.__name__}.many(state, batches) needs at least one batch.")
+        first = _shapes(batches[0])
+        for i, batch in enumerate(batches[1:], 1):
+            if _shapes(batch) != first:
+                raise ValueError(
+                    f"{self.__name__}.many: batch {i} has shapes {_shapes(batch)[1]}, but "
+                    f"batch 0 has {first[1]}; fused steps need batches of the same shapes "
+                    f"(drop or pad the incomplete last batch)."
+                )
+        placed = tuple(strategy.place_batch(batch) for batch in batches)
+        return self.compiled_for(strategy, fused=True)(state, placed)
+
+    def _strategy_of(self, state: Any) -> Strategy:
         strategy = getattr(state, "strategy", None)
         if not isinstance(strategy, Strategy):
             raise TypeError(
@@ -204,10 +300,19 @@ class ManagedStep:
                 f"strategy), got {type(state).__name__}. Create one with "
                 f"ciclo.managed.ManagedState.create(params=..., tx=...)."
             )
-        return self.compiled_for(strategy)(state, strategy.place_batch(batch))
+        return strategy
 
     def __loop_callback__(self, loop_state: LoopState) -> tuple[Logs, Any]:
         return self(loop_state.state, loop_state.batch)
+
+    def __loop_steps_per_call__(self, loop_state: LoopState) -> int:
+        strategy = getattr(loop_state.state, "strategy", None)
+        return strategy.steps_per_call if isinstance(strategy, Strategy) else 1
+
+    def __loop_callback_many__(
+        self, loop_state: LoopState, batches: Sequence[Any]
+    ) -> tuple[Logs, Any]:
+        return self.many(loop_state.state, batches)
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
@@ -233,8 +338,85 @@ class _BoundStep:
     def __call__(self, batch: Any) -> tuple[Logs, Any]:
         return self.step(self.instance, batch)
 
+    def many(self, batches: Sequence[Any]) -> tuple[Logs, Any]:
+        """:meth:`ManagedStep.many` on this state."""
+        return self.step.many(self.instance, batches)
+
     def __loop_callback__(self, loop_state: LoopState) -> tuple[Logs, Any]:
         return self.step(loop_state.state, loop_state.batch)
+
+    def __loop_steps_per_call__(self, loop_state: LoopState) -> int:
+        return self.step.__loop_steps_per_call__(loop_state)
+
+    def __loop_callback_many__(
+        self, loop_state: LoopState, batches: Sequence[Any]
+    ) -> tuple[Logs, Any]:
+        return self.step.many(loop_state.state, batches)
+
+
+def _shapes(batch: Any) -> tuple[Any, list[tuple[int, ...]]]:
+    leaves, treedef = jax.tree_util.tree_flatten(batch)
+    return treedef, [tuple(np.shape(leaf)) for leaf in leaves]
+
+
+def _fuse(body: StepFunction) -> StepFunction:
+    """``body(state, batch)`` as ``fused(state, batches)``: one ``lax.scan`` over the
+    stacked batches, returning the stacked logs and the last state."""
+
+    def fused(state: Any, batches: tuple[Any, ...]) -> tuple[Logs, Any]:
+        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *batches)
+
+        def scan_step(state: Any, batch: Any) -> tuple[Any, Logs]:
+            logs, state = body(state, batch)
+            return state, logs
+
+        state, logs = jax.lax.scan(scan_step, state, stacked)
+        return logs, state
+
+    return fused
+
+
+def _split_batch(step: ManagedStep, batch: Any, parts: int) -> tuple[Any, int]:
+    """``batch`` as ``parts`` micro-batches stacked on a new first axis, and their rows.
+
+    Micro-batch ``j`` takes rows ``j, j + parts, ...``: when each device's share of a
+    sharded batch divides by ``parts``, it splits locally, with no communication.
+    """
+    rows: set[int] = set()
+
+    def split(path: Any, leaf: Any) -> Any:
+        leaf = jnp.asarray(leaf)
+        if leaf.ndim == 0:
+            return jnp.broadcast_to(leaf, (parts,))
+        if leaf.shape[0] % parts:
+            raise ValueError(
+                f"managed train step {step.__name__}: accumulate_steps={parts} splits each "
+                f"batch into {parts} micro-batches, but batch leaf "
+                f"{jax.tree_util.keystr(path) or '(the batch)'} has {leaf.shape[0]} rows "
+                f"(per device under pmap), which is not a multiple of {parts}. Use a batch "
+                f"size divisible by {parts} (times the device count under pmap)."
+            )
+        rows.add(leaf.shape[0] // parts)
+        return jnp.moveaxis(leaf.reshape(leaf.shape[0] // parts, parts, *leaf.shape[1:]), 1, 0)
+
+    micro = jax.tree_util.tree_map_with_path(split, batch)
+    return micro, (rows.pop() if len(rows) == 1 else -1)
+
+
+def _merge_micro_logs(stacked: Logs, rows: int) -> Logs:
+    """The logs of a whole batch from its micro-batches' logs: losses and metrics are
+    averaged (equal to their value on the whole batch for per-example means), outputs with
+    one row per example are put back in batch order, anything else is the last one's."""
+    merged = Logs()
+    for collection, name, value in stacked.entries():
+        if collection in ("losses", "metrics"):
+            value = value.mean(axis=0)
+        elif collection == "outputs" and value.ndim >= 2 and value.shape[1] == rows:
+            value = jnp.moveaxis(value, 0, 1).reshape(-1, *value.shape[2:])
+        else:
+            value = value[-1]
+        merged.add_entry(collection, name, value)
+    return merged
 
 
 def _check_logs(step: ManagedStep, logs: Any) -> Logs:

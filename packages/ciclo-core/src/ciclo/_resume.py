@@ -41,10 +41,11 @@ from ._elapsed import Elapsed
 from ._history import History
 from ._logs import Logs
 
-__all__ = ["Restored", "restore", "restore_best", "resume", "capture", "checkpoint_path"]
+__all__ = ["Restored", "restore", "restore_best", "resume", "capture", "Capture", "checkpoint_path"]
 
 FORMAT = 1
 _ARRAY = "__ciclo_array__"
+_STATE = "__ciclo_state__"
 _VALUE_KINDS = ("jax", "numpy", "numpy-scalar", "python")
 
 
@@ -141,9 +142,12 @@ def _split(value: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
     )
 
 
-def _join(value: Any, arrays: Mapping[str, Any]) -> Any:
-    """Undoes :func:`_split` (tuples come back as lists)."""
+def _join(value: Any, arrays: Mapping[str, Any], copies: Mapping[str, Any]) -> Any:
+    """Undoes :func:`_split` (tuples come back as lists) and puts back the state-shaped
+    trees of :func:`_extract_copies`."""
     if isinstance(value, dict):
+        if _STATE in value:
+            return copies[value[_STATE]]
         if _ARRAY in value:
             name = value[_ARRAY]
             dtype = np.dtype(value["dtype"])
@@ -153,9 +157,9 @@ def _join(value: Any, arrays: Mapping[str, Any]) -> Any:
                 else np.asarray(arrays[name], dtype=dtype)
             )
             return array[()] if value["scalar"] else array
-        return {key: _join(item, arrays) for key, item in value.items()}
+        return {key: _join(item, arrays, copies) for key, item in value.items()}
     if isinstance(value, list):
-        return [_join(item, arrays) for item in value]
+        return [_join(item, arrays, copies) for item in value]
     return value
 
 
@@ -336,18 +340,46 @@ def _is_stateful_dataset(dataset: Any) -> bool:
     return _stateful(dataset) and not _is_sequence(dataset)
 
 
-def capture(loop_state: Any) -> tuple[Any, dict[str, np.ndarray], dict[str, Any]]:
-    """What a checkpoint of ``loop_state`` holds, at the end of a step:
-    ``(state tree or None, arrays, meta)`` (see the module docstring)."""
+def _extract_copies(value: Any, state_def: Any, copies: dict[str, Any]) -> Any:
+    """``value`` with every pytree shaped like the state (early stopping's best state...)
+    moved to ``copies`` and replaced by a reference: orbax saves them like the state."""
+    leaves, treedef = _flatten(value)
+    if treedef == state_def:
+        name = f"s{len(copies)}"
+        copies[name] = value
+        return {_STATE: name, "leaves": [_describe(p, leaf) for p, leaf in leaves]}
+    if isinstance(value, Mapping):
+        return {key: _extract_copies(item, state_def, copies) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_extract_copies(item, state_def, copies) for item in value]
+    return value
+
+
+class Capture(NamedTuple):
+    """What one checkpoint holds, ready for orbax (see the module docstring)."""
+
+    state: Any  # the state tree to save, or None when no leaf can be saved
+    copies: dict[str, Any]  # trees shaped like the state, from callback states
+    arrays: dict[str, np.ndarray]  # the NumPy arrays of ``meta``
+    meta: dict[str, Any]
+
+
+def capture(loop_state: Any) -> Capture:
+    """What a checkpoint of ``loop_state`` holds, at the end of a step."""
     state_tree, described = _state_to_save(loop_state.state)
+    state_def = _flatten(loop_state.state)[1]
+    copies: dict[str, Any] = {}
     owners = stateful_callbacks(loop_state.tasks)
+    callbacks = [
+        {"name": type(owner).__qualname__, "state": owner.state_dict()} for owner in owners
+    ]
+    if not jax.tree_util.treedef_is_leaf(state_def):
+        callbacks = _extract_copies(callbacks, state_def, copies)
     dataset = loop_state.dataset
     live: dict[str, Any] = _host.to_host(
         {
             "logs": {c: dict(entries) for c, entries in loop_state.accumulated_logs.items()},
-            "callbacks": [
-                {"name": type(owner).__qualname__, "state": owner.state_dict()} for owner in owners
-            ],
+            "callbacks": callbacks,
             "dataset": dataset.state_dict() if _is_stateful_dataset(dataset) else None,
         }
     )
@@ -372,7 +404,12 @@ def capture(loop_state: Any) -> tuple[Any, dict[str, np.ndarray], dict[str, Any]
         "history": _split(loop_state.history.state_dict(), arrays, "the history"),
         "logs": _split(live["logs"], arrays, "the latest logs"),
     }
-    return state_tree, arrays, meta
+    saved_copies = {}
+    for name, tree in copies.items():
+        to_save, _ = _state_to_save(tree)
+        if to_save is not None:
+            saved_copies[name] = to_save
+    return Capture(state_tree, saved_copies, arrays, meta)
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -380,6 +417,35 @@ class _Read(NamedTuple):
     state: Any
     meta: dict[str, Any]
     step: int
+
+
+def _abstract_state(target: Any, saved: list[list[Any]]) -> Any:
+    """What orbax restores a state saved as described by ``saved`` into, shaped like
+    ``target`` (``None`` when no leaf was saved)."""
+    if not any(d[4] for d in saved):
+        return None
+    leaves, treedef = _flatten(target)
+    abstract = [
+        _restore_target(leaf, d) if d[4] else None
+        for (_, leaf), d in zip(leaves, saved, strict=True)
+    ]
+    return _wrap(jax.tree_util.tree_unflatten(treedef, abstract), treedef)
+
+
+def _fill(target: Any, saved: list[list[Any]], restored: Any) -> Any:
+    """``target`` with the restored leaves, each placed like the target's."""
+    if restored is None:
+        return target
+    leaves, treedef = _flatten(target)
+    tree = restored["value"] if jax.tree_util.treedef_is_leaf(treedef) else restored
+    values, _ = _flatten(tree)
+    return jax.tree_util.tree_unflatten(
+        treedef,
+        [
+            _like(leaf, value) if d[4] else leaf
+            for (_, leaf), (_, value), d in zip(leaves, values, saved, strict=True)
+        ],
+    )
 
 
 def _read(manager: Any, path: str, step: int, target: Any) -> _Read:
@@ -393,52 +459,54 @@ def _read(manager: Any, path: str, step: int, target: Any) -> _Read:
             f"format {meta.get('format') if isinstance(meta, dict) else None}, expected "
             f"{FORMAT})."
         )
-    leaves, treedef = _flatten(target)
-    described = [_describe(p, leaf) for p, leaf in leaves]
+    described = [_describe(p, leaf) for p, leaf in _flatten(target)[0]]
     _check_structure(meta["state_leaves"], described, where)
     items: dict[str, Any] = {}
-    saved = meta["state_leaves"]
-    if any(d[4] for d in saved):
-        abstract = [
-            _restore_target(leaf, d) if d[4] else None
-            for (_, leaf), d in zip(leaves, saved, strict=True)
-        ]
-        items["state"] = ocp.args.StandardRestore(
-            _wrap(jax.tree_util.tree_unflatten(treedef, abstract), treedef)
-        )
-    references: list[dict[str, Any]] = []
-    _collect_references(meta, references)
-    if references:
+    abstract = _abstract_state(target, meta["state_leaves"])
+    if abstract is not None:
+        items["state"] = ocp.args.StandardRestore(abstract)
+    arrays_refs: list[dict[str, Any]] = []
+    copies_refs: list[dict[str, Any]] = []
+    _collect_references(meta, arrays_refs, copies_refs)
+    if arrays_refs:
         items["arrays"] = ocp.args.StandardRestore(
-            {ref[_ARRAY]: _abstract(ref["shape"], ref["dtype"]) for ref in references}
+            {ref[_ARRAY]: _abstract(ref["shape"], ref["dtype"]) for ref in arrays_refs}
         )
+    copies_abstract = {}
+    for ref in copies_refs:
+        _check_structure(ref["leaves"], described, f"a copy of the state in {where}")
+        copy_abstract = _abstract_state(target, ref["leaves"])
+        if copy_abstract is not None:
+            copies_abstract[ref[_STATE]] = copy_abstract
+    if copies_abstract:
+        items["copies"] = ocp.args.StandardRestore(copies_abstract)
     restored = manager.restore(step, args=ocp.args.Composite(**items)) if items else {}
-    state = target
-    if "state" in items:
-        tree = restored["state"]
-        values, _ = _flatten(tree["value"] if jax.tree_util.treedef_is_leaf(treedef) else tree)
-        state = jax.tree_util.tree_unflatten(
-            treedef,
-            [
-                _like(leaf, value) if d[4] else leaf
-                for (_, leaf), (_, value), d in zip(leaves, values, saved, strict=True)
-            ],
-        )
+    state = _fill(target, meta["state_leaves"], restored["state"] if "state" in items else None)
+    restored_copies = restored["copies"] if "copies" in items else {}
+    copies = {
+        ref[_STATE]: _fill(target, ref["leaves"], restored_copies.get(ref[_STATE]))
+        for ref in copies_refs
+    }
     arrays = restored["arrays"] if "arrays" in items else {}
-    return _Read(state, _join(meta, arrays), step)
+    return _Read(state, _join(meta, arrays, copies), step)
 
 
-def _collect_references(value: Any, out: list[dict[str, Any]]) -> None:
+def _collect_references(
+    value: Any, arrays: list[dict[str, Any]], copies: list[dict[str, Any]]
+) -> None:
     if isinstance(value, dict):
         if _ARRAY in value:
             if value[_ARRAY] is not None:
-                out.append(value)
+                arrays.append(value)
+            return
+        if _STATE in value:
+            copies.append(value)
             return
         for item in value.values():
-            _collect_references(item, out)
+            _collect_references(item, arrays, copies)
     elif isinstance(value, list):
         for item in value:
-            _collect_references(item, out)
+            _collect_references(item, arrays, copies)
 
 
 def _history(meta: Mapping[str, Any], history: History | None = None) -> History:

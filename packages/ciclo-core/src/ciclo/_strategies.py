@@ -6,22 +6,38 @@ A strategy is a small bundle of functions, like an optax transformation:
   state gets the strategy).
 - ``place_batch(batch) -> batch``: put a batch where the compiled step wants it (every step).
 - ``compile(fn) -> fn``: turn ``fn(state, batch) -> (logs, state)`` into the callable to run.
+- ``reduce_gradients(grads) -> grads`` and ``reduce_logs(logs) -> logs``: run inside the
+  compiled step, between the gradient and the optimizer update (``pmap`` averages over its
+  devices there; the other strategies need nothing).
 
-Strategies are looked up by name (``"eager"``, ``"jit"``, ``"data-parallel"`` ...);
+and two numbers that say how much work one call does:
+
+- ``steps_per_call``: how many batches a loop runs in one compiled call (``lax.scan``).
+- ``accumulate_steps``: how many micro-batches each training batch is split into; their
+  gradients are averaged into one optimizer update, equal to the update on the whole batch.
+
+Both are options of the strategy, not of the step, because they say how a step *runs*, not
+what it computes: the same ``train_step`` (yours, or one an adapter provides) runs unchanged
+on one device, on a pod, fused or accumulated, and you change one object to scale it.
+
+Strategies are looked up by name (``"eager"``, ``"jit"``, ``"data-parallel"``, ``"pmap"``);
 :func:`register_strategy` adds a name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, cast
 
 import jax
+import numpy as np
 
 __all__ = [
     "Strategy",
     "eager",
     "jit",
+    "data_parallel",
+    "pmap",
     "register_strategy",
     "get_strategy",
     "strategy_names",
@@ -30,25 +46,55 @@ __all__ = [
 StepFn = Callable[..., Any]
 
 
+def _identity(value: Any) -> Any:
+    return value
+
+
 class Strategy(NamedTuple):
-    """How a managed step runs. Build one with a factory (:func:`jit`, :func:`eager`, ...)
-    or write your own and :func:`register_strategy` it.
+    """How a managed step runs. Build one with a factory (:func:`jit`,
+    :func:`data_parallel`, ...) or write your own and :func:`register_strategy` it.
 
     Attributes:
         name: the name it is known by.
         place_state: ``state -> state``, called when a state takes this strategy.
         place_batch: ``batch -> batch``, called on every batch before the step.
         compile: ``fn -> fn``, called once per step function.
+        reduce_gradients: ``grads -> grads``, inside the step before the optimizer update.
+        reduce_logs: ``logs -> logs``, inside the step on the step's logs.
+        steps_per_call: batches a loop runs per compiled call (1: no fusion).
+        accumulate_steps: micro-batches per training batch (1: no accumulation).
+
+    Example:
+        >>> import ciclo
+        >>> s = ciclo.managed.jit(steps_per_call=4)
+        >>> s.name, s.steps_per_call, s.accumulate_steps
+        ('jit', 4, 1)
     """
 
     name: str
     place_state: Callable[[Any], Any]
     place_batch: Callable[[Any], Any]
     compile: Callable[[StepFn], StepFn]
+    reduce_gradients: Callable[[Any], Any] = _identity
+    reduce_logs: Callable[[Any], Any] = _identity
+    steps_per_call: int = 1
+    accumulate_steps: int = 1
 
 
-def _identity(value: Any) -> Any:
-    return value
+def _spec(*axes: str) -> Any:
+    return jax.sharding.PartitionSpec(*axes)  # type: ignore[no-untyped-call]
+
+
+def _counts(strategy: str, steps_per_call: object, accumulate_steps: object) -> tuple[int, int]:
+    """The validated ``(steps_per_call, accumulate_steps)`` of a factory."""
+    counts = {"steps_per_call": steps_per_call, "accumulate_steps": accumulate_steps}
+    for option, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"{strategy}({option}=...) must be a positive int, got {value!r}; "
+                f"{option}=1 turns it off."
+            )
+    return cast(int, steps_per_call), cast(int, accumulate_steps)
 
 
 def eager() -> Strategy:
@@ -62,31 +108,256 @@ def eager() -> Strategy:
     return Strategy("eager", _identity, _identity, _identity)
 
 
-def jit(*, donate: bool = False) -> Strategy:
+def jit(*, donate: bool = False, steps_per_call: int = 1, accumulate_steps: int = 1) -> Strategy:
     """Compiles steps with ``jax.jit`` on the default device.
 
     Args:
         donate: donate the input state's buffers to the output (saves memory; the state
             passed in must not be used afterwards).
+        steps_per_call: batches a loop runs in one compiled call (``lax.scan``); schedules
+            still fire on the same steps as with 1.
+        accumulate_steps: split each training batch into this many micro-batches and
+            average their gradients into one update (same result, less memory).
 
     Example:
         >>> import ciclo
         >>> ciclo.managed.jit(donate=True).name
         'jit'
     """
+    steps_per_call, accumulate_steps = _counts("jit", steps_per_call, accumulate_steps)
 
     def compile_step(fn: StepFn) -> StepFn:
         return jax.jit(fn, donate_argnums=(0,) if donate else ())
 
-    return Strategy("jit", _identity, _identity, compile_step)
+    return Strategy(
+        "jit",
+        _identity,
+        _identity,
+        compile_step,
+        steps_per_call=steps_per_call,
+        accumulate_steps=accumulate_steps,
+    )
 
 
-_REGISTRY: dict[str, Callable[[], Strategy]] = {}
-_INSTANCES: dict[str, Strategy] = {}
+def _check_divisible(strategy: str, batch: Any, shards: int, processes: int) -> None:
+    """Every batch leaf with a leading axis must split evenly into ``shards`` parts."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]:
+        shape = np.shape(leaf)
+        if not shape:
+            continue
+        rows = shape[0] * processes
+        if rows % shards:
+            where = f"batch leaf {jax.tree_util.keystr(path)}" if path else "the batch"
+            if processes > 1:
+                size = (
+                    f"this process's part of {where} has {shape[0]} rows, so the global "
+                    f"batch of {processes} processes has {rows}"
+                )
+            else:
+                size = f"{where} has {rows} rows (batch size {rows})"
+            multiple = shards // np.gcd(shards, processes)
+            raise ValueError(
+                f"{strategy}: {size}, which does not divide evenly over {shards} devices. "
+                f"Use a batch size that is a multiple of {shards}"
+                + (f" (per process: a multiple of {multiple})" if processes > 1 else "")
+                + ", or drop the incomplete last batch (drop_remainder=True in tf.data, "
+                "drop_last=True in a torch DataLoader)."
+            )
 
 
-def register_strategy(name: str, factory: Callable[[], Strategy]) -> None:
-    """Makes ``factory()`` available as ``strategy=name``.
+def _put_key_safe(leaf: Any, sharding: jax.sharding.Sharding) -> Any:
+    if isinstance(leaf, jax.Array) and jax.numpy.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        data = jax.device_put(jax.random.key_data(leaf), sharding)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
+    return jax.device_put(leaf, sharding)
+
+
+def data_parallel(
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+    axis: str = "data",
+    donate: bool = False,
+    steps_per_call: int = 1,
+    accumulate_steps: int = 1,
+) -> Strategy:
+    """Data parallelism with ``jax.jit`` and ``NamedSharding`` over a ``Mesh``: each batch
+    is split along its first axis over the mesh's ``axis``, the state is replicated, and
+    arrays go in and come out as ordinary global ``jax.Array`` s (nothing to replicate or
+    unreplicate). Gradients and logs are those of the whole (global) batch.
+
+    Multi-host: after ``jax.distributed.initialize()``, every process feeds its *own* part
+    of each batch (e.g. its shard of the dataset); they are assembled into the global batch
+    with ``jax.make_array_from_process_local_data``. Logs are global, the same on every
+    process. Every process must run the same loop (same schedules, same number of
+    batches). ``elapsed.samples`` counts the rows this process fed; to count global
+    samples, pass ``batch_size_fn=lambda b: len(b[0]) * jax.process_count()`` to the loop.
+
+    Args:
+        mesh: the device mesh (default: every device on one ``axis``). A mesh with more
+            axes works too: the batch is split along ``axis``, everything else replicated.
+        axis: the name of the mesh's data axis.
+        donate: donate the input state's buffers (see :func:`jit`).
+        steps_per_call: batches per compiled call (see :func:`jit`).
+        accumulate_steps: micro-batches per training batch (see :func:`jit`).
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.managed.data_parallel().name
+        'data-parallel'
+    """
+    from jax.sharding import AxisType, NamedSharding
+
+    steps_per_call, accumulate_steps = _counts("data_parallel", steps_per_call, accumulate_steps)
+    if mesh is None:
+        # Auto axes: the compiler propagates shardings, so single-device code runs unchanged.
+        mesh = jax.make_mesh((jax.device_count(),), (axis,), axis_types=(AxisType.Auto,))
+    elif axis not in mesh.axis_names:
+        raise ValueError(
+            f"data_parallel(axis={axis!r}): the mesh has axes {mesh.axis_names}; pass the "
+            f"name of its data axis, e.g. data_parallel(mesh=mesh, axis={mesh.axis_names[0]!r})."
+        )
+    replicated = NamedSharding(mesh, _spec())
+    sharded = NamedSharding(mesh, _spec(axis))
+    shards = mesh.shape[axis]
+    processes = jax.process_count()
+
+    def sharding_of(leaf: Any) -> NamedSharding:
+        return sharded if np.ndim(leaf) else replicated
+
+    def place_state(state: Any) -> Any:
+        if processes == 1:
+            return jax.device_put(state, replicated)
+        # Every process holds the same values; typed RNG keys cannot be put across
+        # processes directly, so their raw data is.
+        return jax.tree.map(lambda x: _put_key_safe(x, replicated), state)
+
+    def place_batch(batch: Any) -> Any:
+        _check_divisible("data-parallel", batch, shards, processes)
+        if processes == 1:
+            return jax.device_put(batch, jax.tree.map(sharding_of, batch))
+        return jax.tree.map(
+            lambda x: jax.make_array_from_process_local_data(  # type: ignore[no-untyped-call]
+                sharding_of(x), np.asarray(x)
+            ),
+            batch,
+        )
+
+    def compile_step(fn: StepFn) -> StepFn:
+        # The state stays replicated (a state made elsewhere is moved in); logs come back
+        # replicated, so every process can read them.
+        return jax.jit(
+            fn,
+            in_shardings=(replicated, None),
+            out_shardings=replicated,
+            donate_argnums=(0,) if donate else (),
+        )
+
+    return Strategy(
+        "data-parallel",
+        place_state,
+        place_batch,
+        compile_step,
+        steps_per_call=steps_per_call,
+        accumulate_steps=accumulate_steps,
+    )
+
+
+def pmap(
+    *,
+    axis_name: str = "batch",
+    devices: Sequence[jax.Device] | None = None,
+    steps_per_call: int = 1,
+    accumulate_steps: int = 1,
+) -> Strategy:
+    """One compiled replica per local device with ``jax.pmap``, for code written for it
+    (e.g. steps that call ``lax.pmean(x, "batch")`` themselves). Prefer
+    :func:`data_parallel`: JAX now implements ``pmap`` on top of ``jit`` and ``shard_map``
+    and recommends sharding for new code.
+
+    Each batch is split along its first axis over the devices; inside the step,
+    gradients and logs (losses, metrics) are averaged with ``lax.pmean`` and outputs are
+    gathered back into the whole batch. The state is handed back as ordinary arrays
+    (nothing to replicate or unreplicate); state changes other than ``params`` are those of
+    the first device, so average per-device statistics yourself
+    (``lax.pmean(stats, axis_name)``). One host only: for several, use
+    :func:`data_parallel`.
+
+    Args:
+        axis_name: the ``pmap`` axis name your code may use in collectives.
+        devices: the devices to run on (default: ``jax.local_devices()``).
+        steps_per_call: batches per compiled call (see :func:`jit`).
+        accumulate_steps: micro-batches per training batch (see :func:`jit`); each device
+            splits its part of the batch.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.managed.pmap().name
+        'pmap'
+    """
+    from jax.sharding import Mesh, NamedSharding
+
+    steps_per_call, accumulate_steps = _counts("pmap", steps_per_call, accumulate_steps)
+    device_list = list(devices) if devices is not None else jax.local_devices()
+    count = len(device_list)
+    replicated = NamedSharding(Mesh(np.array(device_list), (axis_name,)), _spec())
+
+    def place_state(state: Any) -> Any:
+        return jax.device_put(state, replicated)
+
+    def split(leaf: Any) -> Any:
+        if not np.ndim(leaf):
+            return np.broadcast_to(leaf, (count,))
+        leaf = leaf if hasattr(leaf, "reshape") else np.asarray(leaf)
+        return leaf.reshape(count, -1, *leaf.shape[1:])
+
+    def place_batch(batch: Any) -> Any:
+        _check_divisible("pmap", batch, count, 1)
+        return jax.tree.map(split, batch)
+
+    def compile_step(fn: StepFn) -> StepFn:
+        pmapped: StepFn = jax.pmap(
+            fn, axis_name=axis_name, in_axes=(None, 0), out_axes=None, devices=device_list
+        )
+        return pmapped
+
+    def reduce_gradients(grads: Any) -> Any:
+        return jax.lax.pmean(grads, axis_name)  # type: ignore[no-untyped-call]
+
+    def reduce_logs(logs: Any) -> Any:
+        def reduce(collection: str, value: Any) -> Any:
+            value = jax.numpy.asarray(value)
+            if collection == "outputs" and value.ndim:
+                return jax.lax.all_gather(value, axis_name, tiled=True)
+            if jax.numpy.issubdtype(value.dtype, jax.numpy.inexact):
+                return jax.lax.pmean(value, axis_name)  # type: ignore[no-untyped-call]
+            return value
+
+        return type(logs)(
+            {
+                collection: {name: reduce(collection, v) for name, v in entries.items()}
+                for collection, entries in logs.items()
+            }
+        )
+
+    return Strategy(
+        "pmap",
+        place_state,
+        place_batch,
+        compile_step,
+        reduce_gradients=reduce_gradients,
+        reduce_logs=reduce_logs,
+        steps_per_call=steps_per_call,
+        accumulate_steps=accumulate_steps,
+    )
+
+
+_REGISTRY: dict[str, Callable[..., Strategy]] = {}
+# One instance per factory and options, so aliases share compiled steps.
+_INSTANCES: dict[tuple[Callable[..., Strategy], tuple[tuple[str, Any], ...]], Strategy] = {}
+
+
+def register_strategy(name: str, factory: Callable[..., Strategy]) -> None:
+    """Makes ``factory(**options)`` available as ``strategy=name``.
 
     Example:
         >>> import ciclo
@@ -102,7 +373,6 @@ def register_strategy(name: str, factory: Callable[[], Strategy]) -> None:
             f"ciclo.managed.Strategy, got {factory!r}."
         )
     _REGISTRY[name] = factory
-    _INSTANCES.pop(name, None)
 
 
 def strategy_names() -> list[str]:
@@ -110,30 +380,64 @@ def strategy_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_strategy(strategy: str | Strategy) -> Strategy:
-    """The :class:`Strategy` for a name (one shared instance per name) or the strategy itself."""
+def get_strategy(strategy: str | Strategy, **options: Any) -> Strategy:
+    """The :class:`Strategy` for a name (one shared instance per name and options), or the
+    strategy itself.
+
+    Args:
+        strategy: a registered name or a :class:`Strategy`.
+        **options: keyword options of the name's factory, e.g. ``steps_per_call=8``.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.managed.get_strategy("data-parallel", steps_per_call=8).steps_per_call
+        8
+    """
     if isinstance(strategy, Strategy):
+        if options:
+            raise TypeError(
+                f"options {sorted(options)} only apply to a strategy given by name; for a "
+                f"Strategy object use strategy._replace(...) or call its factory with them."
+            )
         return strategy
     if not isinstance(strategy, str):
         raise TypeError(
             f"strategy must be a name such as 'jit' or a ciclo.managed.Strategy, got {strategy!r}."
         )
     name = strategy
-    if name not in _INSTANCES:
-        if name not in _REGISTRY:
-            raise ValueError(
-                f"unknown strategy {name!r}; known strategies: {strategy_names()}. "
-                f"Add your own with ciclo.managed.register_strategy(name, factory)."
-            )
-        made = _REGISTRY[name]()
-        if not isinstance(made, Strategy):
-            raise TypeError(
-                f"the factory registered for strategy {name!r} returned {made!r}, not a "
-                f"ciclo.managed.Strategy."
-            )
-        _INSTANCES[name] = made
-    return _INSTANCES[name]
+    if name not in _REGISTRY:
+        raise ValueError(
+            f"unknown strategy {name!r}; known strategies: {strategy_names()}. "
+            f"Add your own with ciclo.managed.register_strategy(name, factory)."
+        )
+    factory = _REGISTRY[name]
+    key: Any = (factory, tuple(sorted(options.items())))
+    try:
+        return _INSTANCES[key]
+    except TypeError:  # an unhashable option (a list of devices): not shared
+        key = None
+    except KeyError:
+        pass
+    try:
+        made = factory(**options)
+    except TypeError as error:
+        if not options:
+            raise
+        raise TypeError(
+            f"strategy {name!r} does not take the options {sorted(options)}: {error}"
+        ) from None
+    if not isinstance(made, Strategy):
+        raise TypeError(
+            f"the factory registered for strategy {name!r} returned {made!r}, not a "
+            f"ciclo.managed.Strategy."
+        )
+    if key is not None:
+        _INSTANCES[key] = made
+    return made
 
 
 register_strategy("eager", eager)
 register_strategy("jit", jit)
+register_strategy("data-parallel", data_parallel)
+register_strategy("data_parallel", data_parallel)
+register_strategy("pmap", pmap)

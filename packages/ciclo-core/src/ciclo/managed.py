@@ -2,7 +2,7 @@
 
 Example:
     >>> import ciclo
-    >>> {"eager", "jit"} <= set(ciclo.managed.strategy_names())
+    >>> {"eager", "jit", "data-parallel", "pmap"} <= set(ciclo.managed.strategy_names())
     True
 """
 
@@ -11,8 +11,10 @@ from ._managed import ManagedStep as ManagedStep
 from ._managed import step as step
 from ._managed import train_step as train_step
 from ._strategies import Strategy as Strategy
+from ._strategies import data_parallel as data_parallel
 from ._strategies import eager as eager
 from ._strategies import get_strategy as get_strategy
 from ._strategies import jit as jit
+from ._strategies import pmap as pmap
 from ._strategies import register_strategy as register_strategy
 from ._strategies import strategy_names as strategy_names

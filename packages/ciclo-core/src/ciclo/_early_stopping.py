@@ -1,0 +1,405 @@
+"""Callbacks that stop training: ``early_stopping`` and ``terminate_on_nan``."""
+
+from __future__ import annotations
+
+import difflib
+import math
+import sys
+import time as _time
+from collections.abc import Mapping, Sequence
+from typing import IO, Any, Literal
+
+import jax
+import numpy as np
+
+from . import _host
+from ._callback import LoopCallbackBase, LoopState
+from ._elapsed import Elapsed, Period, as_period
+from ._logs import Logs
+
+__all__ = ["early_stopping", "terminate_on_nan", "EarlyStopping", "TerminateOnNaN"]
+
+_MISSING: Any = object()
+
+
+def _find(logs: Logs, key: str) -> Any:
+    """The value of ``key`` in ``logs``, ``_MISSING`` when absent; ambiguity is an error."""
+    try:
+        return logs.entry_value(key)
+    except KeyError as error:
+        if "ambiguous" in str(error):
+            raise
+        return _MISSING
+
+
+def _stop(loop_state: LoopState, reason: str, file: IO[str] | None, verbose: bool) -> None:
+    loop_state.stop_iteration = True
+    loop_state.stop_reason = reason
+    if verbose:
+        print(reason, file=file if file is not None else sys.stdout, flush=True)
+
+
+def _since(now: Elapsed, then: Mapping[str, float]) -> Elapsed:
+    return Elapsed(
+        steps=int(now.steps - then["steps"]),
+        samples=int(now.samples - then["samples"]),
+        time=now.time - then["time"],
+        date=now.date,
+    )
+
+
+def _copy_tree(tree: Any) -> Any:
+    # A copy, so later steps that donate their input buffers cannot delete the best state.
+    return jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, tree)
+
+
+class EarlyStopping(LoopCallbackBase):
+    """Stops training when a monitored value stops improving; see :func:`early_stopping`.
+
+    Hooks: ``on_epoch_end`` (check, after the epoch's evaluation) and ``on_train_end``
+    (restore the best state). In :func:`ciclo.loop`, call it under a schedule to check and
+    pass ``on_end=stopper.on_train_end`` to restore.
+    """
+
+    def __init__(
+        self,
+        monitor: str,
+        patience: int | Period,
+        *,
+        min_delta: float = 0.0,
+        min_delta_mode: Literal["abs", "rel"] = "abs",
+        mode: Literal["min", "max"] = "min",
+        baseline: float | None = None,
+        restore_best_weights: bool = False,
+        start_from: int | Period = 0,
+        verbose: bool = True,
+        file: IO[str] | None = None,
+    ) -> None:
+        if not isinstance(monitor, str) or not monitor:
+            raise TypeError(
+                f"early_stopping: monitor must be the name of a log entry, e.g. "
+                f"'loss_test' or 'metrics.accuracy_test', got {monitor!r}."
+            )
+        if mode not in ("min", "max"):
+            raise ValueError(
+                f"early_stopping: mode must be 'min' (lower is better, e.g. a loss) or 'max' "
+                f"(e.g. an accuracy), got {mode!r}."
+            )
+        if min_delta_mode not in ("abs", "rel"):
+            raise ValueError(
+                f"early_stopping: min_delta_mode must be 'abs' (improve by min_delta) or "
+                f"'rel' (improve by min_delta * |best|), got {min_delta_mode!r}."
+            )
+        if min_delta < 0:
+            raise ValueError(f"early_stopping: min_delta must be >= 0, got {min_delta!r}.")
+        if isinstance(patience, Period):
+            if patience.date is not None:
+                raise ValueError(
+                    "early_stopping: a patience period counts steps, samples or time, not a date."
+                )
+        elif isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+            raise TypeError(
+                f"early_stopping: patience must be a number of evaluations (an int >= 0) or a "
+                f"period such as ciclo.at(steps=1000), got {patience!r}."
+            )
+        self.monitor, self.patience, self.mode = monitor, patience, mode
+        self.min_delta, self.min_delta_mode = float(min_delta), min_delta_mode
+        self.baseline = baseline
+        self.restore_best_weights = restore_best_weights
+        self.start_from = as_period(start_from, "start_from")
+        self.verbose, self.file = verbose, file
+        self.best: float | None = None
+        self.best_step: int | None = None
+        self.best_weights: Any = None
+        self.wait = 0
+        self.wait_since: dict[str, float] | None = None
+        self.checks = 0
+        self.stopped_step: int | None = None
+        self.seen = False  # whether the monitored entry ever appeared
+
+    # --- the rule ----------------------------------------------------------------------------
+    def improves(self, value: float, reference: float | None) -> bool:
+        """Whether ``value`` beats ``reference`` by more than ``min_delta``."""
+        if math.isnan(value):
+            return False
+        if reference is None or math.isnan(reference):
+            return True
+        relative = self.min_delta_mode == "rel" and math.isfinite(reference)
+        delta = self.min_delta * abs(reference) if relative else self.min_delta
+        if self.mode == "min":
+            return value < reference - delta
+        return value > reference + delta
+
+    def _patience_over(self, now: Elapsed) -> bool:
+        if isinstance(self.patience, Period):
+            assert self.wait_since is not None
+            return _since(now, self.wait_since) >= self.patience
+        return self.wait >= self.patience
+
+    def _value(self, loop_state: LoopState, *, strict: bool) -> float | None:
+        value = _find(loop_state.logs, self.monitor)
+        if value is not _MISSING:
+            self.seen = True
+            return float(np.asarray(_host.to_host(value)))
+        if self.seen or _find(loop_state.accumulated_logs, self.monitor) is not _MISSING:
+            return None  # produced before, not at this step (no evaluation this time)
+        # Missing and never seen: a misspelling, unless this step just had no evaluation
+        # (evaluations rarer than epochs). An evaluation entry ends like the monitor
+        # ("_test"); a monitor without a suffix is a training entry, logged every step.
+        names = [n for _, n, _ in loop_state.logs.entries()]
+        if "_" in self.monitor:
+            suffix = "_" + self.monitor.rsplit("_", 1)[-1]
+            expected = any(n.endswith(suffix) for n in names)
+        else:
+            expected = bool(names)
+        close = difflib.get_close_matches(self.monitor.split(".")[-1], names, n=1, cutoff=0.8)
+        if strict or expected or close:
+            self._raise_missing(loop_state, close)
+        return None
+
+    def _raise_missing(self, loop_state: LoopState, close: list[str] | None = None) -> None:
+        entries = {
+            f"{c}.{n}"
+            for logs in (loop_state.logs, loop_state.accumulated_logs)
+            for c, n, _ in logs.entries()
+        }
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise KeyError(
+            f"early_stopping: monitor {self.monitor!r} is not in the logs; entries: "
+            f"{sorted(entries)}.{hint} Evaluation entries carry the test name (e.g. "
+            f"'loss_test'); check the spelling, or the step that should log it."
+        )
+
+    def check(self, loop_state: LoopState, *, strict: bool = True) -> None:
+        """Looks at the monitored value of this step and stops when patience is over.
+
+        A missing value is an error when ``strict``; otherwise the check is skipped (in
+        ``train_loop``, an epoch without an evaluation).
+        """
+        now = loop_state.elapsed_after_step()
+        if self.start_from is not None and not now >= self.start_from:
+            return
+        value = self._value(loop_state, strict=strict)
+        if value is None:
+            return
+        self.checks += 1
+        self.wait += 1
+        if self.wait_since is None:
+            self.wait_since = _fields(now)
+        if self.restore_best_weights and self.best_weights is None:
+            self.best_weights = _copy_tree(loop_state.state)
+        if self.improves(value, self.best):
+            self.best, self.best_step = value, now.steps
+            if self.restore_best_weights:
+                self.best_weights = _copy_tree(loop_state.state)
+            if self.baseline is None or self.improves(value, self.baseline):
+                self.wait, self.wait_since = 0, _fields(now)
+                return
+        if self._patience_over(now):
+            self.stopped_step = now.steps
+            patience = (
+                f"{self.patience} evaluations"
+                if isinstance(self.patience, int)
+                else ", ".join(f"{v:g} {k}" for k, v in self.patience.fields().items())
+            )
+            baseline = "" if self.baseline is None else f", baseline {self.baseline:g}"
+            best = "none" if self.best is None else f"{self.best:.6g} at step {self.best_step}"
+            _stop(
+                loop_state,
+                f"early_stopping at step {now.steps}: {self.monitor} has not improved by more "
+                f"than {self.min_delta:g} for {patience} (last {value:.6g}, best "
+                f"{best}{baseline}).",
+                self.file,
+                self.verbose,
+            )
+
+    # --- hooks -------------------------------------------------------------------------------
+    def __loop_callback__(self, loop_state: LoopState) -> None:
+        self.check(loop_state)
+
+    def on_epoch_end(self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState) -> None:
+        self.check(loop_state, strict=False)
+
+    def on_train_end(
+        self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
+    ) -> tuple[None, Any] | None:
+        """Returns the best state when ``restore_best_weights`` (stopped early or not)."""
+        if not self.restore_best_weights or self.best_weights is None:
+            return None
+        if self.verbose:
+            print(
+                f"early_stopping: restoring the state of step {self.best_step} "
+                f"({self.monitor} = {self.best:.6g}).",
+                file=self.file if self.file is not None else sys.stdout,
+                flush=True,
+            )
+        return None, self.best_weights
+
+    # --- saving ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint must keep: plain Python values, and the best state as a pytree."""
+        return {
+            "best": self.best,
+            "best_step": self.best_step,
+            "wait": self.wait,
+            "wait_since": None if self.wait_since is None else dict(self.wait_since),
+            "checks": self.checks,
+            "stopped_step": self.stopped_step,
+            "seen": self.seen,
+            "best_weights": self.best_weights,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restores what :meth:`state_dict` returned."""
+        self.best = None if state["best"] is None else float(state["best"])
+        self.best_step = state["best_step"]
+        self.wait = int(state["wait"])
+        self.wait_since = None if state["wait_since"] is None else dict(state["wait_since"])
+        self.checks = int(state["checks"])
+        self.stopped_step = state["stopped_step"]
+        self.seen = bool(state.get("seen", self.best is not None))
+        self.best_weights = state["best_weights"]
+
+
+def _fields(elapsed: Elapsed) -> dict[str, float]:
+    return {"steps": elapsed.steps, "samples": elapsed.samples, "time": elapsed.time}
+
+
+def early_stopping(
+    monitor: str,
+    patience: int | Period,
+    min_delta: float = 0.0,
+    mode: Literal["min", "max"] = "min",
+    baseline: float | None = None,
+    restore_best_weights: bool = False,
+    start_from: int | Period = 0,
+    *,
+    min_delta_mode: Literal["abs", "rel"] = "abs",
+    verbose: bool = True,
+    file: IO[str] | None = None,
+) -> EarlyStopping:
+    """Stops training when ``monitor`` has not improved for ``patience``.
+
+    In :func:`ciclo.train_loop` it checks at each epoch end, after the epoch's evaluation
+    (so ``monitor="loss_test"`` sees the new evaluation); a check where the monitored
+    entry was not produced (no evaluation this epoch) is skipped. The first value fetched
+    at a check is the only device-to-host transfer it makes.
+
+    Args:
+        monitor: a log entry: ``"loss_test"``, ``"accuracy_test"``, or ``"coll.name"``.
+        patience: how many checks without improvement stop training (an int, counted in
+            evaluations), or a period (``ciclo.at(steps=2000)``) without improvement.
+        min_delta: the least change that counts as an improvement: absolute, or relative
+            to the best value with ``min_delta_mode="rel"`` (``0.01`` = 1%).
+        mode: ``"min"`` (lower is better) or ``"max"``.
+        baseline: a value to beat: patience runs until the monitored value beats it.
+        restore_best_weights: at the end of training (stopped early or not), return the
+            state of the best check. The whole state is restored (optimizer state
+            included); it is kept as a copy on device.
+        start_from: ignore checks before this count (an int in steps, or a period): a
+            warm-up.
+        min_delta_mode: ``"abs"`` or ``"rel"``.
+        verbose: print why training stopped and which state is restored.
+        file: where to print (stdout by default).
+
+    Returns:
+        a callback object for ``callbacks=[...]``, with ``state_dict()`` /
+        ``load_state_dict()`` (best value, patience counter, best state) for checkpoints.
+
+    Example:
+        >>> import ciclo
+        >>> stopper = ciclo.early_stopping("accuracy_test", patience=3, mode="max")
+        >>> stopper.improves(0.9, 0.8), stopper.improves(0.8, 0.9)
+        (True, False)
+    """
+    return EarlyStopping(
+        monitor,
+        patience,
+        min_delta=min_delta,
+        min_delta_mode=min_delta_mode,
+        mode=mode,
+        baseline=baseline,
+        restore_best_weights=restore_best_weights,
+        start_from=start_from,
+        verbose=verbose,
+        file=file,
+    )
+
+
+class TerminateOnNaN(LoopCallbackBase):
+    """Stops the loop when a loss becomes NaN or infinite; see :func:`terminate_on_nan`."""
+
+    def __init__(
+        self, keys: Sequence[str] | None, interval: float, verbose: bool, file: IO[str] | None
+    ) -> None:
+        self.watch = None if keys is None else list(keys)
+        self.interval = interval
+        self.verbose, self.file = verbose, file
+        self._last = -math.inf
+
+    def _watched(self, logs: Logs) -> dict[str, Any]:
+        if self.watch is None:
+            return {f"losses.{n}": v for n, v in logs.get("losses", {}).items()}
+        found = {k: _find(logs, k) for k in self.watch}
+        return {k: v for k, v in found.items() if v is not _MISSING}
+
+    def check(self, loop_state: LoopState) -> None:
+        """Checks this step's values when ``interval`` has passed since the last check."""
+        now = _time.monotonic()
+        if now - self._last < self.interval:
+            return
+        watched = self._watched(loop_state.logs)
+        if not watched:
+            return
+        self._last = now
+        values = _host.to_host(watched)
+        bad = [k for k, v in values.items() if not np.all(np.isfinite(np.asarray(v, float)))]
+        if bad:
+            _stop(
+                loop_state,
+                f"terminate_on_nan: {', '.join(bad)} is NaN or infinite at step "
+                f"{loop_state.elapsed.steps}; training stopped.",
+                self.file,
+                self.verbose,
+            )
+
+    def __loop_callback__(self, loop_state: LoopState) -> None:
+        self.check(loop_state)
+
+    def on_train_batch_end(
+        self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
+    ) -> None:
+        self.check(loop_state)
+
+
+def terminate_on_nan(
+    keys: Sequence[str] | None = None,
+    *,
+    interval: float = 0.5,
+    verbose: bool = True,
+    file: IO[str] | None = None,
+) -> TerminateOnNaN:
+    """Stops training when a loss is NaN or infinite.
+
+    To keep steps free of device syncs it looks at the current step's values at most every
+    ``interval`` seconds: a NaN that spreads to the parameters (the usual case) is caught
+    within ``interval``. ``interval=0`` checks every step (one host transfer per step).
+
+    Args:
+        keys: the entries to watch (``"loss"``, ``"metrics.accuracy"``); every loss by
+            default.
+        interval: seconds between checks.
+        verbose: print why it stopped.
+        file: where to print (stdout by default).
+
+    Returns:
+        a callback object: ``callbacks=[ciclo.terminate_on_nan()]`` in
+        :func:`ciclo.train_loop` (checked after each training step), or under a schedule in
+        :func:`ciclo.loop`.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.terminate_on_nan(interval=0).interval
+        0
+    """
+    return TerminateOnNaN(keys, interval, verbose, file)

@@ -1,0 +1,116 @@
+"""Named schedules: *moments* of the predefined loops (``on_epoch_end``, ``on_train_step``...).
+
+A named schedule is not a function of the count: the loop that runs it knows when the
+moment comes (the end of an epoch depends on ``epoch_duration``, the end of an evaluation on
+the evaluation set). So they are keys for ``train_loop``, ``test_loop`` and
+``predict_loop``'s ``tasks``, and the names of the hook methods callback objects define.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+__all__ = ["NamedSchedule", "NAMED_SCHEDULES", "STATE_METHODS", "named_schedule"]
+
+
+class NamedSchedule:
+    """A moment of a predefined loop, e.g. ``ciclo.on_epoch_end``.
+
+    Use it as a key of ``tasks`` in :func:`ciclo.train_loop`, :func:`ciclo.test_loop` or
+    :func:`ciclo.predict_loop`; a callback object in ``callbacks=[...]`` hooks into it by
+    defining a method of the same name.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.on_epoch_end
+        ciclo.on_epoch_end
+        >>> ciclo.on_epoch_end.name
+        'on_epoch_end'
+    """
+
+    __slots__ = ("doc", "name")
+
+    def __init__(self, name: str, doc: str) -> None:
+        self.name = name
+        self.doc = doc
+
+    def __repr__(self) -> str:
+        return f"ciclo.{self.name}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (named_schedule, (self.name,))
+
+
+_DOCS = {
+    "on_train_begin": "once, before the first training step",
+    "on_epoch_begin": "before the first step of each epoch",
+    "on_reset_step": "resets stateful metrics: at each epoch begin, and before each "
+    "evaluation or prediction",
+    "on_train_batch_begin": "before each training step",
+    "on_train_step": "the training step",
+    "on_train_batch_end": "after each training step",
+    "on_test_begin": "once, before the first evaluation batch",
+    "on_test_batch_begin": "before each evaluation step",
+    "on_test_step": "the evaluation step",
+    "on_test_batch_end": "after each evaluation step",
+    "on_test_end": "once, after the last evaluation batch (logs: the aggregated metrics)",
+    "on_epoch_end": "after the step that completes an epoch (after its evaluation)",
+    "on_train_end": "once, after the last training step",
+    "on_predict_begin": "once, before the first prediction batch",
+    "on_predict_batch_begin": "before each prediction step",
+    "on_predict_step": "the prediction step",
+    "on_predict_batch_end": "after each prediction step",
+    "on_predict_end": "once, after the last prediction batch",
+}
+
+#: Every named schedule, by name.
+NAMED_SCHEDULES: dict[str, NamedSchedule] = {
+    name: NamedSchedule(name, doc) for name, doc in _DOCS.items()
+}
+
+# The public names (re-exported as ciclo.on_epoch_end, ...).
+on_train_begin = NAMED_SCHEDULES["on_train_begin"]
+on_epoch_begin = NAMED_SCHEDULES["on_epoch_begin"]
+on_reset_step = NAMED_SCHEDULES["on_reset_step"]
+on_train_batch_begin = NAMED_SCHEDULES["on_train_batch_begin"]
+on_train_step = NAMED_SCHEDULES["on_train_step"]
+on_train_batch_end = NAMED_SCHEDULES["on_train_batch_end"]
+on_test_begin = NAMED_SCHEDULES["on_test_begin"]
+on_test_batch_begin = NAMED_SCHEDULES["on_test_batch_begin"]
+on_test_step = NAMED_SCHEDULES["on_test_step"]
+on_test_batch_end = NAMED_SCHEDULES["on_test_batch_end"]
+on_test_end = NAMED_SCHEDULES["on_test_end"]
+on_epoch_end = NAMED_SCHEDULES["on_epoch_end"]
+on_train_end = NAMED_SCHEDULES["on_train_end"]
+on_predict_begin = NAMED_SCHEDULES["on_predict_begin"]
+on_predict_batch_begin = NAMED_SCHEDULES["on_predict_batch_begin"]
+on_predict_step = NAMED_SCHEDULES["on_predict_step"]
+on_predict_batch_end = NAMED_SCHEDULES["on_predict_batch_end"]
+on_predict_end = NAMED_SCHEDULES["on_predict_end"]
+
+#: The state's methods that register under a named schedule (when the state has them).
+STATE_METHODS = {
+    "on_train_step": "train_step",
+    "on_test_step": "test_step",
+    "on_predict_step": "predict_step",
+    "on_reset_step": "reset_step",
+}
+
+
+def named_schedule(key: NamedSchedule | str) -> NamedSchedule:
+    """The named schedule for ``key`` (a :class:`NamedSchedule` or its name).
+
+    Raises:
+        ValueError: for an unknown name, suggesting the closest ones.
+    """
+    if isinstance(key, NamedSchedule):
+        return key
+    found = NAMED_SCHEDULES.get(key)
+    if found is not None:
+        return found
+    close = difflib.get_close_matches(key, NAMED_SCHEDULES, n=3)
+    hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+    raise ValueError(
+        f"unknown named schedule {key!r}.{hint} Named schedules: {', '.join(NAMED_SCHEDULES)}."
+    )

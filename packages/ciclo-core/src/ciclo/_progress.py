@@ -1,0 +1,345 @@
+"""Progress bars: ``keras_bar`` (the Keras line) and ``tqdm_bar``.
+
+A bar counts in steps, samples or seconds (``total=1000``, ``ciclo.at(samples=60_000)``,
+``ciclo.at(time=3600)``), redraws at most every ``interval`` seconds and fetches the values
+it shows (through ``_host.to_host``) only when it redraws, so the steps in between run
+without a device sync.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time as _time
+from collections.abc import Mapping
+from typing import IO, Any, NamedTuple
+
+from . import _host
+from ._callback import LoopCallbackBase, LoopState
+from ._elapsed import Elapsed, Period
+from ._loops import period_unit
+
+__all__ = ["keras_bar", "tqdm_bar", "display_values"]
+
+_SHOWN = ("losses", "metrics", "stateful_metrics")
+
+
+def display_values(loop_state: LoopState) -> dict[str, Any]:
+    """The scalar losses and metrics a bar shows: the latest value of each entry seen in
+    the loop (this step's included), named by entry (``collection.name`` when two
+    collections share a name), still on device."""
+    latest: dict[tuple[str, str], Any] = {}
+    for logs in (loop_state.accumulated_logs, loop_state.logs):
+        for collection in _SHOWN:
+            for name, value in logs.get(collection, {}).items():
+                if getattr(value, "shape", ()) == () and not isinstance(value, str):
+                    latest[(collection, name)] = value
+    names = [name for _, name in latest]
+    return {
+        (name if names.count(name) == 1 else f"{collection}.{name}"): value
+        for (collection, name), value in sorted(latest.items(), key=lambda kv: kv[0][1])
+    }
+
+
+class Frame(NamedTuple):
+    """What a bar shows at one redraw."""
+
+    position: float  #: how far the run is, in the bar's unit
+    values: Mapping[str, Any]  #: the losses and metrics, on the host
+    eta: float | None  #: seconds left (``None``: not known yet)
+    run: tuple[float, float]  #: the seconds and the count this bar has seen
+    final: bool  #: the last redraw
+
+
+class _Bar(LoopCallbackBase):
+    """What both bars share: the unit, the throttle, and fetching on redraw only.
+
+    Hooks: ``on_train_batch_end`` (update), ``on_epoch_end`` (redraw with the evaluation's
+    values), ``on_train_end`` (the final line). Used in ``ciclo.loop`` (``**bar`` or under a
+    schedule), the bar updates on each call and draws its final line once the count
+    reaches ``total``.
+    """
+
+    def __init__(
+        self, total: int | Period, interval: float, file: IO[str] | None, what: str
+    ) -> None:
+        self.unit, self.total = period_unit(total, f"{what}(total)")
+        if interval < 0:
+            raise ValueError(f"{what}: interval must be >= 0 seconds, got {interval!r}.")
+        self.interval = interval
+        self._file = file
+        self._origin: tuple[float, float, Elapsed] | None = None  # (clock, count, elapsed)
+        self._last_draw = -math.inf
+        self.finished = False
+
+    @property
+    def file(self) -> IO[str]:
+        return self._file if self._file is not None else sys.stdout
+
+    def _count(self, elapsed: Elapsed) -> float:
+        return float(getattr(elapsed, self.unit))
+
+    def update(self, loop_state: LoopState, *, force: bool = False, final: bool = False) -> None:
+        """Counts the current step; redraws when ``interval`` has passed (or when forced)."""
+        if self.finished:
+            return
+        now = _time.monotonic()
+        due = final or force or now - self._last_draw >= self._redraw_interval()
+        if self._origin is not None and not due:
+            return  # the common case: nothing to compute
+        after = loop_state.elapsed_after_step()
+        count = self._count(after)
+        if self._origin is None:
+            self._origin = (now, count, loop_state.elapsed)
+        if not due:
+            return
+        self._last_draw = now
+        values = _host.to_host(display_values(loop_state))
+        clock, first_count, first = self._origin
+        if self.unit == "time":
+            eta: float | None = max(self.total - count, 0.0)
+        else:  # the rate since the first update, which leaves out compiling the first step
+            rate = (now - clock) / (count - first_count) if count > first_count else None
+            eta = None if rate is None else rate * max(self.total - count, 0.0)
+        run = (after.time - first.time, count - self._count(first))
+        self._draw(Frame(count, values, eta, run, final))
+        self.finished = final
+
+    def _redraw_interval(self) -> float:
+        return self.interval
+
+    def _draw(self, frame: Frame) -> None:
+        raise NotImplementedError
+
+    # --- hooks -----------------------------------------------------------------------------
+    def __loop_callback__(self, loop_state: LoopState) -> None:
+        final = self._count(loop_state.elapsed_after_step()) >= self.total
+        self.update(loop_state, final=final)
+
+    def on_train_batch_end(
+        self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
+    ) -> None:
+        self.update(loop_state)
+
+    def on_epoch_end(self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState) -> None:
+        # Shows the evaluation's values; at the last step the final line follows anyway.
+        if self._count(loop_state.elapsed_after_step()) < self.total:
+            self.update(loop_state, force=True)
+
+    def on_train_end(self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState) -> None:
+        self.update(loop_state, final=True)
+
+
+def _format_value(value: Any) -> str:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return f"{number:.4f}" if abs(number) > 1e-3 or number == 0 else f"{number:.4e}"
+
+
+def _format_eta(seconds: float) -> str:
+    whole = round(seconds)
+    if whole >= 3600:
+        return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+    if whole >= 60:
+        return f"{whole // 60}:{whole % 60:02d}"
+    return f"{whole}s"
+
+
+def _format_per_unit(seconds: float, unit: str) -> str:
+    if seconds >= 1:
+        return f"{seconds:.0f}s/{unit}"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.0f}ms/{unit}"
+    return f"{seconds * 1e6:.0f}us/{unit}"
+
+
+class KerasBar(_Bar):
+    """The Keras progress line; see :func:`keras_bar`."""
+
+    def __init__(
+        self,
+        total: int | Period,
+        *,
+        interval: float = 0.1,
+        plain_interval: float = 10.0,
+        width: int = 30,
+        dynamic: bool | None = None,
+        file: IO[str] | None = None,
+    ) -> None:
+        super().__init__(total, interval, file, "keras_bar")
+        self.plain_interval = plain_interval
+        self.width = width
+        self._dynamic = dynamic
+        self._line_length = 0
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the line is redrawn in place (a terminal or a notebook)."""
+        if self._dynamic is not None:
+            return self._dynamic
+        isatty = getattr(self.file, "isatty", None)
+        return bool(isatty and isatty()) or "ipykernel" in sys.modules
+
+    def _redraw_interval(self) -> float:
+        return self.interval if self.dynamic else max(self.interval, self.plain_interval)
+
+    def line(self, frame: Frame) -> str:
+        """The text of the line: ``80/100 [=====>....] - ETA: 42s - loss: 1.5371``."""
+        count, values, eta, (seconds, progress), final = frame
+        total = self.total
+        count = min(count, total)  # the last batch may overshoot a samples or time total
+        if self.unit == "time":
+            digits = 0 if total >= 10 else 1
+            counter = f"{count:.{digits}f}s/{total:.{digits}f}s"
+        else:
+            digits = len(str(int(total)))
+            counter = f"{int(count):{digits}d}/{int(total)}"
+        done = int(self.width * min(count / total, 1.0))
+        bar = ("=" * (done - 1) + ("=" if count >= total else ">")) if done else ""
+        parts = [f"{counter} [{bar}{'.' * (self.width - done)}]"]
+        if final:
+            timing = f"{seconds:.0f}s"
+            if self.unit != "time" and progress > 0:
+                unit = "step" if self.unit == "steps" else "sample"
+                timing += " " + _format_per_unit(seconds / progress, unit)
+            parts.append(timing)
+        elif eta is not None:
+            parts.append(f"ETA: {_format_eta(eta)}")
+        parts += [f"{name}: {_format_value(value)}" for name, value in values.items()]
+        return " - ".join(parts)
+
+    def _draw(self, frame: Frame) -> None:
+        text = self.line(frame)
+        final = frame.final
+        file = self.file
+        if self.dynamic:
+            padding = " " * max(self._line_length - len(text), 0)
+            file.write(f"\r{text}{padding}" + ("\n" if final else ""))
+            self._line_length = 0 if final else len(text)
+        else:
+            file.write(text + "\n")
+        file.flush()
+
+
+def keras_bar(
+    total: int | Period,
+    *,
+    interval: float = 0.1,
+    plain_interval: float = 10.0,
+    width: int = 30,
+    dynamic: bool | None = None,
+    file: IO[str] | None = None,
+) -> KerasBar:
+    """A Keras-style progress line for a run of ``total`` steps, samples or seconds::
+
+        80/100 [=======================>......] - ETA: 2s - accuracy: 0.6148 - loss: 1.5371
+        100/100 [==============================] - 5s 50ms/step - accuracy: 0.9 - loss: 0.31
+
+    It shows the latest value of every scalar loss and metric (evaluation entries such as
+    ``accuracy_test`` included once they exist), reaches ``total/total`` when the run ends,
+    and fetches values only when it redraws.
+
+    Args:
+        total: an int (steps) or ``ciclo.at(samples=...)`` / ``ciclo.at(time=seconds)``.
+        interval: seconds between redraws on a terminal (about 10 per second).
+        plain_interval: seconds between lines when not on a terminal (log files, CI); a
+            line is also written at each epoch end and at the end.
+        width: characters of the bar.
+        dynamic: redraw in place (``\\r``); by default when the output is a terminal or a
+            notebook.
+        file: where to write (``sys.stdout`` by default).
+
+    Returns:
+        a callback object: put it in ``callbacks=[...]`` of :func:`ciclo.train_loop`, or
+        spread it into the tasks of :func:`ciclo.loop` (``{**ciclo.keras_bar(1000)}``) after
+        the training step.
+
+    Example:
+        >>> import ciclo, io, numpy as np
+        >>> out = io.StringIO()
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_loss("loss", 0.5), state
+        >>> _ = ciclo.loop(
+        ...     None, [np.ones(2)] * 4,
+        ...     {ciclo.every(1): train_step, **ciclo.keras_bar(4, file=out)},
+        ... )
+        >>> out.getvalue().splitlines()[-1].startswith("4/4 [======")
+        True
+    """
+    return KerasBar(
+        total,
+        interval=interval,
+        plain_interval=plain_interval,
+        width=width,
+        dynamic=dynamic,
+        file=file,
+    )
+
+
+class TqdmBar(_Bar):
+    """A tqdm bar; see :func:`tqdm_bar`."""
+
+    def __init__(
+        self,
+        total: int | Period,
+        *,
+        interval: float = 0.1,
+        file: IO[str] | None = None,
+        **tqdm_kwargs: Any,
+    ) -> None:
+        super().__init__(total, interval, file, "tqdm_bar")
+        self.tqdm_kwargs = tqdm_kwargs
+        self.bar: Any = None
+
+    def _draw(self, frame: Frame) -> None:
+        count, values, _, run, final = frame
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            unit = {"steps": "step", "samples": "sample", "time": "s"}[self.unit]
+            total = self.total if self.unit == "time" else int(self.total)
+            kwargs = {"unit": unit, "mininterval": self.interval, "dynamic_ncols": True}
+            start = count - run[1]  # where this run started (a resumed run starts late)
+            self.bar = tqdm(
+                total=total,
+                initial=start if self.unit == "time" else int(start),
+                file=self._file,
+                **{**kwargs, **self.tqdm_kwargs},
+            )
+        bar = self.bar
+        step = min(count, self.total) - bar.n
+        bar.update(step if self.unit == "time" else int(step))
+        bar.set_postfix({name: _format_value(v) for name, v in values.items()}, refresh=False)
+        bar.refresh()
+        if final:
+            bar.close()
+
+
+def tqdm_bar(
+    total: int | Period,
+    *,
+    interval: float = 0.1,
+    file: IO[str] | None = None,
+    **tqdm_kwargs: Any,
+) -> TqdmBar:
+    """A `tqdm <https://tqdm.github.io>`_ bar for a run of ``total`` steps, samples or
+    seconds, with the latest losses and metrics as its postfix.
+
+    Args:
+        total: an int (steps) or ``ciclo.at(samples=...)`` / ``ciclo.at(time=seconds)``.
+        interval: seconds between redraws (and between fetches of the values shown).
+        file: where to write (tqdm's default, stderr, when ``None``).
+        **tqdm_kwargs: passed to ``tqdm`` (``desc``, ``ncols``, ``leave``...).
+
+    Returns:
+        a callback object, used like :func:`keras_bar`.
+
+    Example:
+        >>> import ciclo
+        >>> bar = ciclo.tqdm_bar(ciclo.at(samples=60_000), desc="train")
+        >>> bar.unit, bar.total
+        ('samples', 60000)
+    """
+    return TqdmBar(total, interval=interval, file=file, **tqdm_kwargs)
