@@ -353,3 +353,57 @@ def test_history_state_dict_round_trips_every_kind_of_column() -> None:
     assert copy[3]["metrics"] == {"acc": 3}
     copy.commit(elapsed, ciclo.logs().add_metric("acc", 7))  # still appendable
     assert copy.collect("steps", "acc") == ([1, 3, 5, 6], [1, 3, 5, 7])
+
+
+# --- train_loop ---------------------------------------------------------------------------------
+@jax.jit
+def _test_step(state: Any, batch: Any) -> Any:
+    x, size = batch
+    rows = jnp.arange(4) < size
+    loss = jnp.sum(jnp.where(rows, (x @ state["w"] - 1.0) ** 2, 0.0)) / size
+    return ciclo.logs().add_metric("loss", loss)
+
+
+def _train(
+    directory: Path, *, stop: int, resume: bool = False, epoch: int | None = 4
+) -> tuple[Any, ...]:
+    ckpt = ciclo.checkpoint(directory, monitor="loss_test")
+    stopper = ciclo.early_stopping(
+        "loss_test", patience=100, restore_best_weights=True, verbose=False
+    )
+    state, history, elapsed = ciclo.train_loop(
+        training.init_state(),
+        training.dataset("list"),
+        {ciclo.on_train_step: training.train_step, ciclo.on_test_step: _test_step},
+        callbacks=[ckpt, stopper],
+        test_dataset=lambda: [training.make_batch(i) for i in range(3)],
+        epoch_duration=epoch,
+        stop=stop,
+        batch_size_fn=training.batch_size,
+        resume=directory if resume else None,
+    )
+    return training.fingerprint(state, history, elapsed), stopper, ckpt
+
+
+def test_train_loop_resumes_exactly_with_early_stopping_state(tmp_path: Path) -> None:
+    expected, expected_stopper, _ = _train(tmp_path / "straight", stop=training.STEPS)
+    _train(tmp_path / "run", stop=6)  # stops mid-epoch (epochs end after steps 4, 8, ...)
+    resumed, stopper, ckpt = _train(tmp_path / "run", stop=training.STEPS, resume=True)
+    assert {k: resumed[k] == expected[k] for k in expected} == dict.fromkeys(expected, True)
+    # early stopping's state (its best value and best state) came back with the run
+    assert stopper.best == expected_stopper.best
+    assert stopper.best_step == expected_stopper.best_step
+    best, expected_best = stopper.best_weights, expected_stopper.best_weights
+    assert np.asarray(best["w"]).tobytes() == np.asarray(expected_best["w"]).tobytes()
+    assert best["w"].sharding == expected_best["w"].sharding
+    # one checkpoint per epoch end (monitored) plus the latest, ranked by loss_test
+    assert ckpt.all_steps()[-1] == training.STEPS
+
+
+def test_train_loop_with_one_epoch_saves_its_evaluation(tmp_path: Path) -> None:
+    _, _, ckpt = _train(tmp_path, stop=8, epoch=None)
+    # the evaluation runs in on_end; the checkpoint it asks for replaces the loop-end one
+    assert ckpt.all_steps() == [8]
+    restored = ciclo.restore_best(tmp_path, training.init_state())
+    assert restored.elapsed.steps == 8
+    assert restored.history.collect("steps", "loss_test")[0] == [8]

@@ -1,6 +1,6 @@
 """Exact resume: what a checkpoint holds about a run, and how a loop continues from it.
 
-A checkpoint of ``ciclo.checkpoint`` is one orbax step directory with up to three items:
+A checkpoint of ``ciclo.checkpoint`` is one orbax step directory with up to four items:
 
 - ``state``: the state pytree (``StandardSave``), in its own structure, so plain orbax can
   read it too. Leaves orbax cannot store (strings, functions, empty arrays) are not saved:
@@ -10,6 +10,8 @@ A checkpoint of ``ciclo.checkpoint`` is one orbax step directory with up to thre
   callback, the history and the loop's latest logs.
 - ``arrays``: the NumPy arrays found in ``meta`` (history columns...), ``StandardSave``;
   ``meta`` refers to them by name.
+- ``copies``: pytrees shaped like the state found in callback states (early stopping's best
+  state), saved and restored like the state (same shardings); ``meta`` refers to them.
 
 Data already consumed is skipped on resume, in the first way the dataset allows:
 
@@ -537,12 +539,16 @@ def restore(directory: str | os.PathLike[str], state: Any, *, step: int | None =
             the differing leaves).
 
     Example:
-        >>> import ciclo, jax.numpy as jnp, tempfile
+        >>> import ciclo, jax.numpy as jnp, numpy as np, tempfile
         >>> directory = tempfile.mkdtemp()
-        >>> _ = ciclo.loop({"w": jnp.zeros(2)}, [jnp.ones((1, 2))] * 3,
-        ...     {ciclo.every(1): lambda s, b: {"w": s["w"] + b[0]}},
-        ...     on_end=ciclo.checkpoint(directory))  # doctest: +SKIP
-        >>> restored = ciclo.restore(directory, {"w": jnp.zeros(2)})  # doctest: +SKIP
+        >>> tasks = {
+        ...     ciclo.every(1): lambda state, batch: state + batch.sum(),
+        ...     ciclo.every(10): ciclo.checkpoint(directory),
+        ... }
+        >>> _ = ciclo.loop(jnp.zeros(()), [np.ones(2)] * 3, tasks)
+        >>> state, history, elapsed = ciclo.restore(directory, jnp.zeros(()))
+        >>> float(state), elapsed.steps
+        (6.0, 3)
     """
     path = checkpoint_path(directory)
     manager = _open(path, must_exist=True)
