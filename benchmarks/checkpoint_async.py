@@ -94,7 +94,9 @@ def main() -> None:
             }
         )
     emit(rows, args.json)
-    print(f"{benchmark}: an async save blocks the loop {rows[1]['ratio']:.3f}x as long as a sync one")
+    print(
+        f"{benchmark}: an async save blocks the loop {rows[1]['ratio']:.3f}x as long as a sync one"
+    )
 
 
 if __name__ == "__main__":

@@ -407,3 +407,60 @@ def test_train_loop_with_one_epoch_saves_its_evaluation(tmp_path: Path) -> None:
     restored = ciclo.restore_best(tmp_path, training.init_state())
     assert restored.elapsed.steps == 8
     assert restored.history.collect("steps", "loss_test")[0] == [8]
+
+
+# --- fused steps --------------------------------------------------------------------------------
+@ciclo.managed.train_step
+def _managed_step(state: Any, batch: Any) -> Any:
+    x, y = batch
+    return ciclo.logs().add_loss("loss", jnp.mean((x @ state.params["w"] - y) ** 2)), state
+
+
+def test_fused_managed_steps_resume_exactly(tmp_path: Path) -> None:
+    import optax
+
+    rng = np.random.default_rng(0)
+    batches = [
+        (rng.normal(size=(8, 4)).astype(np.float32), rng.normal(size=8).astype(np.float32))
+        for _ in range(14)
+    ]
+
+    def run(directory: Path, stop: int, resume: bool = False) -> Any:
+        state = ciclo.managed.ManagedState.create(
+            params={"w": jnp.zeros(4)}, tx=optax.sgd(0.1, momentum=0.9), strategy="jit"
+        ).with_strategy("jit", steps_per_call=4)  # 4 steps per compiled call
+        tasks = {ciclo.every(1): _managed_step, ciclo.every(5): ciclo.checkpoint(directory)}
+        return ciclo.loop(state, batches, tasks, stop=stop, resume=directory if resume else None)
+
+    expected, expected_history, _ = run(tmp_path / "straight", 14)
+    run(tmp_path / "run", 7)
+    state, history, elapsed = run(tmp_path / "run", 14, resume=True)
+    assert elapsed.steps == 14
+    for leaf, expected_leaf in zip(jax.tree.leaves(state), jax.tree.leaves(expected), strict=True):
+        assert np.asarray(leaf).tobytes() == np.asarray(expected_leaf).tobytes()
+    assert history.collect("steps", "loss") == expected_history.collect("steps", "loss")
+
+
+def test_train_loop_resumes_epochs_counted_in_samples(tmp_path: Path) -> None:
+    # Batches of 2, 3, 4, 2... samples and epochs of 7 samples: step 2 ends an epoch
+    # (9 samples) without the count landing on a multiple of 7, so only the saved epoch
+    # clock knows that step 3 begins one.
+    def run(directory: Path, stop: int, resume: bool = False) -> ciclo.History:
+        def begin(state: Any, batch: Any, elapsed: ciclo.Elapsed) -> Any:
+            return ciclo.logs().add_metric("begins", elapsed.steps)
+
+        _, history, _ = ciclo.train_loop(
+            training.init_state(),
+            training.dataset("list"),
+            {ciclo.on_train_step: training.train_step, ciclo.on_epoch_begin: begin},
+            callbacks=[ciclo.checkpoint(directory)],
+            epoch_duration=ciclo.at(samples=7),
+            stop=stop,
+            batch_size_fn=training.batch_size,
+            resume=directory if resume else None,
+        )
+        return history
+
+    expected = run(tmp_path / "straight", 8).collect("begins")
+    run(tmp_path / "run", 3)
+    assert run(tmp_path / "run", 8, resume=True).collect("begins") == expected == [0, 3, 5]

@@ -286,6 +286,14 @@ class _Flag(Schedule):
     def children(self) -> tuple[Schedule, ...]:
         return self.inner
 
+    def state_dict(self) -> dict[str, Any]:
+        # The clock's memory travels with every flag (a checkpoint saves schedules).
+        return {**super().state_dict(), "clock": self.clock.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.clock.load_state_dict(state["clock"])
+
     def __repr__(self) -> str:
         return f"train_loop.{self.attribute}"
 
@@ -322,6 +330,13 @@ class _EpochClock:
             self.begins = self.ends
         self.ends = self.epoch_schedule(after) if self.epoch_schedule else False
         self.test_due = self.test_schedule(after) if self.test_schedule else self.ends
+
+    def state_dict(self) -> dict[str, Any]:
+        """Whether the last step ended an epoch (so the next one begins one)."""
+        return {"first": self.first, "ends": self.ends}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.first, self.ends = bool(state["first"]), bool(state["ends"])
 
     def flag(self, attribute: str) -> _Flag:
         inner = {"ends": self.epoch_schedule, "test_due": self.test_schedule}.get(attribute)
