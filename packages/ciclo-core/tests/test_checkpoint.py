@@ -254,7 +254,7 @@ def test_keep_the_best_by_monitor_plus_the_latest(tmp_path: Path) -> None:
     ciclo.loop(0, range(5), {ciclo.every(1): [train_step, ckpt]})
     # checkpoint n holds the state after n steps, ranked by the loss of step n - 1
     assert ckpt.all_steps() == [2, 4, 5]
-    assert ciclo.restore_best(tmp_path, 0).state == 4
+    assert ciclo.restore_best(ckpt, 0).state == 4  # a checkpoint is path-like
     best_max = ciclo.checkpoint(tmp_path / "max", keep=1, monitor="losses.loss", mode="max")
     ciclo.loop(0, range(5), {ciclo.every(1): [train_step, best_max]})
     assert best_max.all_steps() == [1, 5]

@@ -44,6 +44,9 @@ def _prepare_directory(path: str) -> None:
 class Checkpoint(LoopCallbackBase):
     """A loop callback that saves the run with orbax; made by :func:`checkpoint`.
 
+    It is path-like (``os.fspath(ckpt)`` is its directory), so it can be given where a
+    checkpoint directory is expected: ``loop(..., resume=ckpt)``, ``ciclo.restore(ckpt, ...)``.
+
     Attributes:
         directory: the absolute checkpoint directory.
         monitor, mode, keep, async_save, save_on_end: as given to :func:`checkpoint`.
@@ -86,6 +89,9 @@ class Checkpoint(LoopCallbackBase):
 
     def __repr__(self) -> str:
         return f"checkpoint({self.directory!r}, keep={self.keep}, monitor={self.monitor!r})"
+
+    def __fspath__(self) -> str:
+        return self.directory
 
     # --- the callback -------------------------------------------------------------------------
     def default_schedule(self) -> Schedule:
@@ -289,7 +295,16 @@ def checkpoint(
     (``elapsed.steps``). Writing is atomic: a run killed while writing leaves the
     previous checkpoints intact.
 
-    Use it under any schedule of ``ciclo.loop`` (``{ciclo.every(1000): ckpt}``); in
+    On resume, the batches the run had consumed are skipped, in the first way the dataset
+    allows: a dataset with ``state_dict()`` and ``load_state_dict(state)`` (the torchdata
+    ``StatefulDataLoader`` convention; a custom loader that can seek implements both, e.g.
+    ``{"batch": n}``, and starts its next ``iter()`` there) has its state saved and loaded
+    back, which also restores its shuffling exactly; a sequence (list, tuple, NumPy or JAX
+    array of batches) is resumed by index; any other iterable is iterated again and the
+    consumed batches dropped, so it must yield the same batches when re-created.
+
+    Use it under any schedule of ``ciclo.loop`` (``{ciclo.every(1000): ckpt}``; spread in
+    with ``**ckpt`` it saves every 10 minutes of loop time); in
     ``train_loop(callbacks=[ckpt])`` it saves at the end of each epoch. It also saves
     when the loop ends (after Ctrl-C or SIGTERM too, see ``loop(stop_signals=...)``).
 
@@ -322,7 +337,7 @@ def checkpoint(
         >>> ckpt.all_steps()
         [3]
         >>> state, history, elapsed = ciclo.loop(  # continues after the saved steps
-        ...     jnp.zeros(2), [np.ones((1,))] * 5, tasks, resume=ckpt.directory)
+        ...     jnp.zeros(2), [np.ones((1,))] * 5, tasks, resume=ckpt)
         >>> elapsed.steps, history.collect("loss")
         (5, [0.0, 2.0, 4.0, 6.0, 8.0])
     """

@@ -375,11 +375,11 @@ def loop(
             sees an interrupted run. The same signal twice interrupts at once. Only the
             outermost loop handles them: a loop run inside a callback runs to its end.
             ``loop_state.stop_reason`` says why the loop stopped.
-        resume: a checkpoint directory (of ``ciclo.checkpoint``). When it holds a
+        resume: a checkpoint directory (or the ``ciclo.checkpoint`` itself). When it holds a
             checkpoint, the loop continues from the latest one as if it had never stopped:
             state, ``elapsed``, history, the state of schedules and stateful callbacks are
             restored and the batches already consumed are skipped (see
-            :func:`ciclo.restore` for how). A missing or empty directory starts afresh, so
+            :func:`ciclo.checkpoint` for how). A missing or empty directory starts afresh, so
             that one command starts a run and continues it after a preemption. On resume,
             ``on_start`` runs but its logs are not recorded again.
 
