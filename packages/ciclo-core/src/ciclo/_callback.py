@@ -44,6 +44,7 @@ class LoopState:
     __slots__ = (
         "accumulated_logs",
         "batch",
+        "batch_size_fn",
         "elapsed",
         "history",
         "logs",
@@ -51,7 +52,6 @@ class LoopState:
         "state",
         "stop_iteration",
         "stop_reason",
-        "batch_size_fn",
     )
 
     def __init__(

@@ -363,7 +363,7 @@ class History:
             the ``matplotlib.figure.Figure``.
 
         Example:
-            >>> fig = history.plot("loss", ("accuracy", "accuracy_test"), path="run.png")  # doctest: +SKIP
+            >>> history.plot("loss", "accuracy_test", path="run.png")  # doctest: +SKIP
         """
         from ._plot import plot_history
 
