@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._callback import (
+    LoopCallback,
     LoopCallbackBase,
     LoopState,
     _positional_arity,
@@ -135,6 +136,16 @@ class _StateMethod:
         return bound(*(loop_state.batch, loop_state.elapsed, loop_state)[:arity])
 
 
+def _state_hook(state: Any, method: str) -> Any:
+    """The callback for the state's own step method. A managed step (a class attribute
+    with ``__loop_callback__``) already runs on the loop's current state and can fuse
+    steps, so it is registered as it is; a plain method is looked up on each call."""
+    attribute = getattr(type(state), method, None)
+    if isinstance(attribute, LoopCallback):
+        return attribute
+    return _StateMethod(method)
+
+
 def _as_list(value: Any) -> list[Any]:
     if value is None:
         return []
@@ -184,7 +195,7 @@ class _Registry:
                 and not self.named[schedule_name]
                 and callable(getattr(state, method, None))
             ):
-                self.named[schedule_name].append(_StateMethod(method))
+                self.named[schedule_name].append(_state_hook(state, method))
         if self.named[step_name] and not any(s is _STEP_SLOT for s, _ in self.step_phase):
             self.step_phase.insert(0, (_STEP_SLOT, None))
 
@@ -265,6 +276,9 @@ def _loop_tasks(*pairs: tuple[Any, list[Any]]) -> dict[Any, Any]:
     their identity (for resuming)."""
     out: dict[Any, Any] = {}
     for schedule, callbacks in pairs:
+        if isinstance(schedule, _EpochClock):  # asked every step, runs nothing
+            out[schedule] = []
+            continue
         if callbacks is None or (isinstance(callbacks, list) and not callbacks):
             continue
         if schedule in out:  # the same schedule object twice: run both, in order
@@ -286,23 +300,16 @@ class _Flag(Schedule):
     def children(self) -> tuple[Schedule, ...]:
         return self.inner
 
-    def state_dict(self) -> dict[str, Any]:
-        # The clock's memory travels with every flag (a checkpoint saves schedules).
-        return {**super().state_dict(), "clock": self.clock.state_dict()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.clock.load_state_dict(state["clock"])
-
     def __repr__(self) -> str:
         return f"train_loop.{self.attribute}"
 
 
-class _EpochClock:
-    """Runs first in every training step and decides, from the count *after* the step,
-    whether the step ends an epoch and whether an evaluation follows it; an epoch begins at
-    the first step of the loop (when the count is on an epoch boundary, e.g. 0) and at the
-    step after one ended."""
+class _EpochClock(Schedule):
+    """Asked first in every training step (a schedule that never fires), it decides from
+    the count *after* the step whether the step ends an epoch and whether an evaluation
+    follows it; an epoch begins at the first step of the loop (when the count is on an
+    epoch boundary, e.g. 0) and at the step after one ended. Being a schedule rather than a
+    callback, it does not split a fused group of steps."""
 
     def __init__(self, epoch: tuple[str, float] | None, test: tuple[str, float] | None) -> None:
         self.epoch = epoch
@@ -310,10 +317,18 @@ class _EpochClock:
         self.test_schedule = every(**{test[0]: test[1]}) if test else None  # type: ignore[arg-type]
         self.begins = self.ends = self.test_due = False
         self.first = True
-        self.hook = _Hook("train_loop clock", self.tick)
+        self.loop_state: LoopState | None = None
+        self.bind = _Hook("train_loop clock", self._bind)
 
-    def tick(self, loop_state: LoopState) -> None:
-        before, after = loop_state.elapsed, loop_state.elapsed_after_step()
+    def _bind(self, loop_state: LoopState) -> None:
+        self.loop_state = loop_state
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        assert self.loop_state is not None, "the clock is bound in on_start"
+        self.tick(elapsed, self.loop_state.elapsed_after_step())
+        return False
+
+    def tick(self, before: Elapsed, after: Elapsed) -> None:
         if self.first:
             if self.epoch is None:
                 self.begins = True
@@ -331,12 +346,20 @@ class _EpochClock:
         self.ends = self.epoch_schedule(after) if self.epoch_schedule else False
         self.test_due = self.test_schedule(after) if self.test_schedule else self.ends
 
+    def children(self) -> tuple[Schedule, ...]:
+        return tuple(s for s in (self.epoch_schedule, self.test_schedule) if s is not None)
+
     def state_dict(self) -> dict[str, Any]:
-        """Whether the last step ended an epoch (so the next one begins one)."""
-        return {"first": self.first, "ends": self.ends}
+        # A resumed run needs to know whether the last step ended an epoch (the next one
+        # then begins one): the count alone does not say it for epochs in samples or time.
+        return {**super().state_dict(), "first": self.first, "ends": self.ends}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
         self.first, self.ends = bool(state["first"]), bool(state["ends"])
+
+    def __repr__(self) -> str:
+        return "train_loop.clock"
 
     def flag(self, attribute: str) -> _Flag:
         inner = {"ends": self.epoch_schedule, "test_due": self.test_schedule}.get(attribute)
@@ -490,7 +513,7 @@ def train_loop(
         raise ValueError("test_duration needs a test_dataset (a function returning one).")
 
     loop_tasks = _loop_tasks(
-        (always(), [clock.hook]),
+        (clock, []),
         (clock.flag("begins"), named["on_reset_step"] + named["on_epoch_begin"]),
         (always(), named["on_train_batch_begin"]),
         *registry.step_tasks(),
@@ -507,7 +530,7 @@ def train_loop(
         train_dataset,
         loop_tasks,
         stop=stop,
-        on_start=named["on_train_begin"],
+        on_start=[clock.bind, *named["on_train_begin"]],
         on_end=on_end,
         history=history,
         elapsed=elapsed,
