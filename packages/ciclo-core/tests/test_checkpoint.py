@@ -422,20 +422,21 @@ def test_fused_managed_steps_resume_exactly(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     batches = [
         (rng.normal(size=(8, 4)).astype(np.float32), rng.normal(size=8).astype(np.float32))
-        for _ in range(14)
+        for _ in range(10)
     ]
 
     def run(directory: Path, stop: int, resume: bool = False) -> Any:
         state = ciclo.managed.ManagedState.create(
             params={"w": jnp.zeros(4)}, tx=optax.sgd(0.1, momentum=0.9), strategy="jit"
-        ).with_strategy("jit", steps_per_call=4)  # 4 steps per compiled call
-        tasks = {ciclo.every(1): _managed_step, ciclo.every(5): ciclo.checkpoint(directory)}
+        ).with_strategy("jit", steps_per_call=2)  # 2 steps per compiled call
+        tasks = {ciclo.every(1): _managed_step, ciclo.every(4): ciclo.checkpoint(directory)}
         return ciclo.loop(state, batches, tasks, stop=stop, resume=directory if resume else None)
 
-    expected, expected_history, _ = run(tmp_path / "straight", 14)
-    run(tmp_path / "run", 7)
-    state, history, elapsed = run(tmp_path / "run", 14, resume=True)
-    assert elapsed.steps == 14
+    expected, expected_history, _ = run(tmp_path / "straight", 10)
+    # Stopping after step 5 cuts the group of steps 5-6: the resumed run groups 6-7, 8, 9.
+    run(tmp_path / "run", 6)
+    state, history, elapsed = run(tmp_path / "run", 10, resume=True)
+    assert elapsed.steps == 10
     for leaf, expected_leaf in zip(jax.tree.leaves(state), jax.tree.leaves(expected), strict=True):
         assert np.asarray(leaf).tobytes() == np.asarray(expected_leaf).tobytes()
     assert history.collect("steps", "loss") == expected_history.collect("steps", "loss")
