@@ -149,7 +149,7 @@ def _join(value: Any, arrays: Mapping[str, Any], copies: Mapping[str, Any]) -> A
     trees of :func:`_extract_copies`."""
     if isinstance(value, dict):
         if _STATE in value:
-            return copies[value[_STATE]]
+            return copies.get(value[_STATE])  # None when they were not read
         if _ARRAY in value:
             name = value[_ARRAY]
             dtype = np.dtype(value["dtype"])
@@ -450,7 +450,9 @@ def _fill(target: Any, saved: list[list[Any]], restored: Any) -> Any:
     )
 
 
-def _read(manager: Any, path: str, step: int, target: Any) -> _Read:
+def _read(manager: Any, path: str, step: int, target: Any, *, copies: bool = True) -> _Read:
+    """Reads checkpoint ``step``; the state-shaped trees of callback states (``copies``)
+    only when asked (a resumed loop needs them, ``restore`` does not)."""
     import orbax.checkpoint as ocp
 
     where = f"checkpoint {step} in {path!r}"
@@ -475,6 +477,8 @@ def _read(manager: Any, path: str, step: int, target: Any) -> _Read:
             {ref[_ARRAY]: _abstract(ref["shape"], ref["dtype"]) for ref in arrays_refs}
         )
     copies_abstract = {}
+    if not copies:
+        copies_refs = []
     for ref in copies_refs:
         _check_structure(ref["leaves"], described, f"a copy of the state in {where}")
         copy_abstract = _abstract_state(target, ref["leaves"])
@@ -485,12 +489,12 @@ def _read(manager: Any, path: str, step: int, target: Any) -> _Read:
     restored = manager.restore(step, args=ocp.args.Composite(**items)) if items else {}
     state = _fill(target, meta["state_leaves"], restored["state"] if "state" in items else None)
     restored_copies = restored["copies"] if "copies" in items else {}
-    copies = {
+    filled = {
         ref[_STATE]: _fill(target, ref["leaves"], restored_copies.get(ref[_STATE]))
         for ref in copies_refs
     }
     arrays = restored["arrays"] if "arrays" in items else {}
-    return _Read(state, _join(meta, arrays, copies), step)
+    return _Read(state, _join(meta, arrays, filled), step)
 
 
 def _collect_references(
@@ -560,7 +564,7 @@ def restore(directory: str | os.PathLike[str], state: Any, *, step: int | None =
             raise FileNotFoundError(
                 f"no checkpoint of step {step} in {path!r}; it holds steps {sorted(steps)}."
             )
-        read = _read(manager, path, step, state)
+        read = _read(manager, path, step, state, copies=False)
     finally:
         manager.close()
     return Restored(read.state, _history(read.meta), Elapsed(**read.meta["elapsed"]))
