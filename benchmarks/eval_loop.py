@@ -43,7 +43,7 @@ def main() -> None:
             logs, _ = test_step(params, batch)
             n = batch[0].shape[0]
             totals = (
-                jax.tree.map(lambda v: v * n, logs)
+                jax.tree.map(lambda v, n=n: v * n, logs)
                 if totals is None
                 else accumulate(totals, logs, n)
             )
