@@ -13,43 +13,15 @@ import jax
 import optax
 
 import ciclo
-from ciclo.adapters import STATIC, AdapterState
+from ciclo.adapters import STATIC, AdapterState, Static
 
 from ._mode import AUTO, detect_training_arg, training_kwargs
 
 __all__ = ["FlaxState", "create_state"]
 
 
-class _Static:
-    """Holds a module in a static field: compared by value when hashable, else by identity
-    (a module with list attributes is not hashable)."""
-
-    __slots__ = ("hashable", "value")
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-        try:
-            hash(value)
-            self.hashable = True
-        except TypeError:
-            self.hashable = False
-
-    def __hash__(self) -> int:
-        return hash(self.value) if self.hashable else id(self.value)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, _Static):
-            return NotImplemented
-        if self.value is other.value:
-            return True
-        return self.hashable and other.hashable and bool(self.value == other.value)
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _init(module: _Static, flag: str | None, rngs: Any, inputs: Any) -> Any:
+def _init(module: Static, flag: str | None, rngs: Any, inputs: Any) -> Any:
     return module.value.init(rngs, inputs, **training_kwargs(flag, False))
 
 
@@ -70,7 +42,7 @@ class FlaxState(AdapterState):
         rng_streams: the RNG streams given a fresh key at every step (``("dropout",)``).
     """
 
-    module_ref: _Static = dataclasses.field(default=None, metadata=STATIC)  # type: ignore[assignment]
+    module_ref: Static = dataclasses.field(default=None, metadata=STATIC)  # type: ignore[assignment]
     training_arg: str | None = dataclasses.field(default=None, metadata=STATIC)
     rng_streams: tuple[str, ...] = dataclasses.field(default=("dropout",), metadata=STATIC)
 
@@ -161,7 +133,7 @@ def create_state(
     init_key, key = jax.random.split(ciclo.adapters.as_key(key))
     if variables is None:
         rngs = {"params": init_key, **_stream_keys(init_key, rng_streams)}
-        variables = _init(_Static(module), flag, rngs, inputs)
+        variables = _init(Static(module), flag, rngs, inputs)
     variables = dict(variables)
     if "params" not in variables:
         raise ValueError(
@@ -178,7 +150,7 @@ def create_state(
         metrics=metrics,
         key=key,
         strategy=strategy,
-        module_ref=_Static(module),
+        module_ref=Static(module),
         training_arg=flag,
         rng_streams=tuple(rng_streams),
         **options,

@@ -17,7 +17,7 @@ import optax
 from flax import nnx
 
 import ciclo
-from ciclo.adapters import STATIC, AdapterState
+from ciclo.adapters import STATIC, AdapterState, Static
 
 from ._mode import AUTO, detect_training_arg, training_kwargs
 
@@ -32,16 +32,21 @@ class NNXState(AdapterState):
     :func:`ciclo_flax.create_nnx_state`; get the trained model back with :attr:`model`.
 
     Attributes:
-        graphdef: the model's static structure (static).
+        graphdef: the model's static structure.
         wrt: the filter of trainable variables (static).
         training_arg: a ``__call__`` argument set to the mode, or ``None`` (static).
         rng_streams: the model's RNG streams, reseeded from the state's key at every step.
     """
 
-    graphdef: Any = dataclasses.field(default=None, metadata=STATIC)
+    graphdef_ref: Static = dataclasses.field(default=None, metadata=STATIC)  # type: ignore[assignment]
     wrt: Any = dataclasses.field(default=nnx.Param, metadata=STATIC)
     training_arg: str | None = dataclasses.field(default=None, metadata=STATIC)
     rng_streams: tuple[str, ...] = dataclasses.field(default=(), metadata=STATIC)
+
+    @property
+    def graphdef(self) -> Any:
+        """The model's ``nnx.GraphDef``."""
+        return self.graphdef_ref.value
 
     @property
     def model(self) -> nnx.Module:
@@ -139,7 +144,7 @@ def create_nnx_state(
         metrics=metrics,
         key=key,
         strategy=strategy,
-        graphdef=graphdef,
+        graphdef_ref=Static(graphdef),
         wrt=wrt,
         training_arg=flag,
         rng_streams=tuple(streams),
