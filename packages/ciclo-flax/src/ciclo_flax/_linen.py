@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -15,7 +14,7 @@ import optax
 import ciclo
 from ciclo.adapters import STATIC, AdapterState, Static
 
-from ._mode import AUTO, detect_training_arg, training_kwargs
+from ._mode import AUTO, detect_training_arg, stream_keys, training_kwargs
 
 __all__ = ["FlaxState", "create_state"]
 
@@ -23,10 +22,6 @@ __all__ = ["FlaxState", "create_state"]
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _init(module: Static, flag: str | None, rngs: Any, inputs: Any) -> Any:
     return module.value.init(rngs, inputs, **training_kwargs(flag, False))
-
-
-def _stream_keys(key: jax.Array, streams: Sequence[str]) -> dict[str, jax.Array]:
-    return {name: jax.random.fold_in(key, zlib.crc32(name.encode())) for name in streams}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -61,7 +56,7 @@ class FlaxState(AdapterState):
         self, params: Any, model_state: Any, inputs: Any, *, training: bool, key: jax.Array | None
     ) -> tuple[Any, Any]:
         variables = {"params": params, **model_state}
-        rngs = None if key is None else _stream_keys(key, self.rng_streams)
+        rngs = None if key is None else stream_keys(key, self.rng_streams)
         kwargs = training_kwargs(self.training_arg, training)
         if training and model_state:
             preds, updates = self.module.apply(
@@ -132,7 +127,7 @@ def create_state(
     flag = detect_training_arg(module.__call__, training_arg, name)
     init_key, key = jax.random.split(ciclo.adapters.as_key(key))
     if variables is None:
-        rngs = {"params": init_key, **_stream_keys(init_key, rng_streams)}
+        rngs = {"params": init_key, **stream_keys(init_key, rng_streams)}
         variables = _init(Static(module), flag, rngs, inputs)
     variables = dict(variables)
     if "params" not in variables:

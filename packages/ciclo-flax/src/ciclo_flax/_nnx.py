@@ -8,7 +8,6 @@ step costs what a hand-written ``jax.jit`` step costs.
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +18,7 @@ from flax import nnx
 import ciclo
 from ciclo.adapters import STATIC, AdapterState, Static
 
-from ._mode import AUTO, detect_training_arg, training_kwargs
+from ._mode import AUTO, detect_training_arg, stream_keys, training_kwargs
 
 __all__ = ["NNXState", "create_nnx_state"]
 
@@ -59,10 +58,7 @@ class NNXState(AdapterState):
         # copy=True: fresh Variables at this trace level (mutable under jax.grad).
         model = nnx.merge(self.graphdef, params, model_state, copy=True)
         if key is not None and self.rng_streams:
-            nnx.reseed(
-                model,
-                **{s: jax.random.fold_in(key, zlib.crc32(s.encode())) for s in self.rng_streams},
-            )
+            nnx.reseed(model, **stream_keys(key, self.rng_streams))
         if training:
             model.train()
         else:
