@@ -14,7 +14,12 @@ __all__ = ["adapter"]
 
 
 def _handles(model: Any) -> bool:
-    return isinstance(model, eqx.Module)
+    # A (model, state) pair from eqx.nn.make_with_state is claimed too, so that
+    # ciclo.create_state(pair, ...) gets create_state's error showing how to pass it.
+    is_pair = isinstance(model, tuple) and len(model) == 2
+    return isinstance(model, eqx.Module) or (
+        is_pair and isinstance(model[0], eqx.Module) and isinstance(model[1], eqx.nn.State)
+    )
 
 
 adapter = ciclo.adapters.Adapter(

@@ -119,7 +119,7 @@ class EquinoxState(AdapterState):
             ) from error
 
     def _call(self, model: Any, inputs: Any, model_state: Any, key: Any) -> tuple[Any, Any]:
-        kwargs = {} if key is None else {self.key_arg: key}
+        kwargs: dict[str, Any] = {} if key is None or self.key_arg is None else {self.key_arg: key}
         try:
             if model_state is None:
                 return model(inputs, **kwargs), None
