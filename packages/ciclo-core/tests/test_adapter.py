@@ -251,3 +251,25 @@ def test_an_adapter_without_apply_is_a_clear_error():
     state = Unfinished.create(params={}, tx=None, losses=None, strategy="eager")
     with pytest.raises(NotImplementedError, match=r"Unfinished must implement apply"):
         state.predict_step(X)
+
+
+def test_static_holds_values_by_value_when_hashable_and_by_identity_otherwise():
+    from ciclo.adapters import Static
+
+    assert Static((1, 2)) == Static((1, 2))
+    assert hash(Static((1, 2))) == hash((1, 2))
+    items = [1, 2]
+    assert Static(items) == Static(items)
+    assert Static(items) != Static([1, 2])
+    assert Static((1,)) != Static((2,))
+    assert Static(1).__eq__(1) is NotImplemented
+
+
+def test_states_built_alike_share_one_compiled_step():
+    tx = optax.sgd(0.1)  # a new optimizer object is a new static field: compile again
+    a, b = make_state(tx=tx), make_state(tx=tx)
+    compiled = FunctionState.train_step.compiled_for(a.strategy)
+    a.train_step((X, Y))
+    size = compiled._cache_size()
+    b.train_step((X, Y))  # equal static fields: no new compilation
+    assert compiled._cache_size() == size

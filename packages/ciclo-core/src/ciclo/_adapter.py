@@ -32,6 +32,7 @@ __all__ = [
     "Batch",
     "BatchFormat",
     "FunctionState",
+    "Static",
     "StatefulMetric",
     "as_key",
     "is_stateful_metric",
@@ -276,13 +277,59 @@ def reduce_values(values: Any, sample_weight: Any = None, *, kind: str, name: st
 # --- static, hashable configuration --------------------------------------------------------
 
 
+class Static:
+    """Holds a value for a static field of a state: hashed once (a jitted step hashes its
+    static fields at every call), compared by identity first, then by value.
+
+    A value that is not hashable (a Flax module with list attributes...) is compared by
+    identity only.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.adapters.Static([1, 2]) == ciclo.adapters.Static([1, 2])  # unhashable
+        False
+        >>> ciclo.adapters.Static((1, 2)) == ciclo.adapters.Static((1, 2))
+        True
+    """
+
+    __slots__ = ("_hash", "hashable", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        try:
+            self._hash = hash(value)
+            self.hashable = True
+        except TypeError:
+            self._hash = id(value)
+            self.hashable = False
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Static):
+            return NotImplemented
+        if self.value is other.value:
+            return True
+        return (
+            self.hashable
+            and other.hashable
+            and self._hash == other._hash
+            and bool(self.value == other.value)
+        )
+
+    def __repr__(self) -> str:
+        return f"Static({self.value!r})"
+
+
 class _NamedFunctions(Mapping[str, Any]):
     """An immutable, hashable ``{name: function}`` (a static field of a jitted state)."""
 
-    __slots__ = ("_items",)
+    __slots__ = ("_hash", "_items")
 
     def __init__(self, items: Mapping[str, Any]) -> None:
         self._items = dict(items)
+        self._hash = hash(tuple(self._items.items()))
 
     def __getitem__(self, name: str) -> Any:
         return self._items[name]
@@ -294,11 +341,13 @@ class _NamedFunctions(Mapping[str, Any]):
         return len(self._items)
 
     def __hash__(self) -> int:
-        return hash(tuple(self._items.items()))
+        return self._hash
 
     def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
         if isinstance(other, _NamedFunctions):
-            return self._items == other._items
+            return self._hash == other._hash and self._items == other._items
         return NotImplemented
 
     def __repr__(self) -> str:

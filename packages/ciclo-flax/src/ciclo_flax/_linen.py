@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,48 +12,16 @@ import jax
 import optax
 
 import ciclo
-from ciclo.adapters import STATIC, AdapterState
+from ciclo.adapters import STATIC, AdapterState, Static
 
-from ._mode import AUTO, detect_training_arg, training_kwargs
+from ._mode import AUTO, detect_training_arg, stream_keys, training_kwargs
 
 __all__ = ["FlaxState", "create_state"]
 
 
-class _Static:
-    """Holds a module in a static field: compared by value when hashable, else by identity
-    (a module with list attributes is not hashable)."""
-
-    __slots__ = ("hashable", "value")
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-        try:
-            hash(value)
-            self.hashable = True
-        except TypeError:
-            self.hashable = False
-
-    def __hash__(self) -> int:
-        return hash(self.value) if self.hashable else id(self.value)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, _Static):
-            return NotImplemented
-        if self.value is other.value:
-            return True
-        return self.hashable and other.hashable and bool(self.value == other.value)
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _init(module: _Static, flag: str | None, rngs: Any, inputs: Any) -> Any:
+def _init(module: Static, flag: str | None, rngs: Any, inputs: Any) -> Any:
     return module.value.init(rngs, inputs, **training_kwargs(flag, False))
-
-
-def _stream_keys(key: jax.Array, streams: Sequence[str]) -> dict[str, jax.Array]:
-    return {name: jax.random.fold_in(key, zlib.crc32(name.encode())) for name in streams}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -70,7 +37,7 @@ class FlaxState(AdapterState):
         rng_streams: the RNG streams given a fresh key at every step (``("dropout",)``).
     """
 
-    module_ref: _Static = dataclasses.field(default=None, metadata=STATIC)  # type: ignore[assignment]
+    module_ref: Static = dataclasses.field(default=None, metadata=STATIC)  # type: ignore[assignment]
     training_arg: str | None = dataclasses.field(default=None, metadata=STATIC)
     rng_streams: tuple[str, ...] = dataclasses.field(default=("dropout",), metadata=STATIC)
 
@@ -89,7 +56,7 @@ class FlaxState(AdapterState):
         self, params: Any, model_state: Any, inputs: Any, *, training: bool, key: jax.Array | None
     ) -> tuple[Any, Any]:
         variables = {"params": params, **model_state}
-        rngs = None if key is None else _stream_keys(key, self.rng_streams)
+        rngs = None if key is None else stream_keys(key, self.rng_streams)
         kwargs = training_kwargs(self.training_arg, training)
         if training and model_state:
             preds, updates = self.module.apply(
@@ -160,8 +127,8 @@ def create_state(
     flag = detect_training_arg(module.__call__, training_arg, name)
     init_key, key = jax.random.split(ciclo.adapters.as_key(key))
     if variables is None:
-        rngs = {"params": init_key, **_stream_keys(init_key, rng_streams)}
-        variables = _init(_Static(module), flag, rngs, inputs)
+        rngs = {"params": init_key, **stream_keys(init_key, rng_streams)}
+        variables = _init(Static(module), flag, rngs, inputs)
     variables = dict(variables)
     if "params" not in variables:
         raise ValueError(
@@ -178,7 +145,7 @@ def create_state(
         metrics=metrics,
         key=key,
         strategy=strategy,
-        module_ref=_Static(module),
+        module_ref=Static(module),
         training_arg=flag,
         rng_streams=tuple(rng_streams),
         **options,

@@ -1,12 +1,16 @@
-"""How a Flax module is told it is training: a ``training``/``train`` argument of ``__call__``."""
+"""How a Flax model is called at a step: the training flag of its ``__call__`` and the keys
+of its RNG streams."""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["AUTO", "detect_training_arg", "training_kwargs"]
+import jax
+
+__all__ = ["AUTO", "detect_training_arg", "stream_keys", "training_kwargs"]
 
 #: Detect the flag from the signature of the module's ``__call__``.
 AUTO = "auto"
@@ -55,3 +59,8 @@ def training_kwargs(training_arg: str | None, training: bool) -> dict[str, bool]
     if training_arg is None:
         return {}
     return {training_arg: (not training) if training_arg in _INVERTED else training}
+
+
+def stream_keys(key: jax.Array, streams: Sequence[str]) -> dict[str, jax.Array]:
+    """One key per RNG stream, derived from the step's ``key`` and the stream's name."""
+    return {name: jax.random.fold_in(key, zlib.crc32(name.encode())) for name in streams}

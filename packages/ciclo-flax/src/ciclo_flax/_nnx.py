@@ -8,7 +8,6 @@ step costs what a hand-written ``jax.jit`` step costs.
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,9 +16,9 @@ import optax
 from flax import nnx
 
 import ciclo
-from ciclo.adapters import STATIC, AdapterState
+from ciclo.adapters import STATIC, AdapterState, Static
 
-from ._mode import AUTO, detect_training_arg, training_kwargs
+from ._mode import AUTO, detect_training_arg, stream_keys, training_kwargs
 
 __all__ = ["NNXState", "create_nnx_state"]
 
@@ -32,16 +31,21 @@ class NNXState(AdapterState):
     :func:`ciclo_flax.create_nnx_state`; get the trained model back with :attr:`model`.
 
     Attributes:
-        graphdef: the model's static structure (static).
+        graphdef: the model's static structure.
         wrt: the filter of trainable variables (static).
         training_arg: a ``__call__`` argument set to the mode, or ``None`` (static).
         rng_streams: the model's RNG streams, reseeded from the state's key at every step.
     """
 
-    graphdef: Any = dataclasses.field(default=None, metadata=STATIC)
+    graphdef_ref: Static = dataclasses.field(default=None, metadata=STATIC)  # type: ignore[assignment]
     wrt: Any = dataclasses.field(default=nnx.Param, metadata=STATIC)
     training_arg: str | None = dataclasses.field(default=None, metadata=STATIC)
     rng_streams: tuple[str, ...] = dataclasses.field(default=(), metadata=STATIC)
+
+    @property
+    def graphdef(self) -> Any:
+        """The model's ``nnx.GraphDef``."""
+        return self.graphdef_ref.value
 
     @property
     def model(self) -> nnx.Module:
@@ -54,10 +58,7 @@ class NNXState(AdapterState):
         # copy=True: fresh Variables at this trace level (mutable under jax.grad).
         model = nnx.merge(self.graphdef, params, model_state, copy=True)
         if key is not None and self.rng_streams:
-            nnx.reseed(
-                model,
-                **{s: jax.random.fold_in(key, zlib.crc32(s.encode())) for s in self.rng_streams},
-            )
+            nnx.reseed(model, **stream_keys(key, self.rng_streams))
         if training:
             model.train()
         else:
@@ -139,7 +140,7 @@ def create_nnx_state(
         metrics=metrics,
         key=key,
         strategy=strategy,
-        graphdef=graphdef,
+        graphdef_ref=Static(graphdef),
         wrt=wrt,
         training_arg=flag,
         rng_streams=tuple(streams),
