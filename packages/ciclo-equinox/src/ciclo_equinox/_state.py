@@ -1,7 +1,8 @@
 """Equinox: ``create_state(model, tx, ...)`` and :class:`EquinoxState`.
 
 The model is partitioned once, with Equinox filters, into trainable arrays (``params``),
-other arrays (``frozen``) and its non-array skeleton (a static, hashable field). The compiled
+other arrays (``frozen``) and its non-array part (a static field, held flattened as
+Equinox's own ``filter_jit`` holds it: leaves and structure, hashed once). The compiled
 step combines them, sets the inference flags for the mode, and runs the model (vmapped over
 the batch for per-example models); that tree work happens while tracing only, so a step
 costs what a hand-written ``eqx.filter_jit`` step costs.
@@ -19,38 +20,12 @@ import jax
 import optax
 
 import ciclo
-from ciclo.adapters import STATIC, AdapterState
+from ciclo.adapters import STATIC, AdapterState, Static
 
 __all__ = ["EquinoxState", "create_state"]
 
 #: Detect whether the model takes ``key`` from the signature of its ``__call__``.
 AUTO = "auto"
-
-
-class _Skeleton:
-    """The non-array part of a partitioned model, as a static field: hashed once (not per
-    step), compared by identity first, and by its leaves and structure otherwise."""
-
-    __slots__ = ("_hash", "_key", "tree")
-
-    def __init__(self, tree: Any) -> None:
-        leaves, treedef = jax.tree_util.tree_flatten(tree)
-        self.tree = tree
-        self._key = (tuple(leaves), treedef)
-        self._hash = hash(self._key)  # TypeError for an unhashable part, caught by the caller
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if isinstance(other, _Skeleton):
-            return self._hash == other._hash and self._key == other._key
-        return NotImplemented
-
-    def __repr__(self) -> str:
-        return f"_Skeleton({type(self.tree).__name__})"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -66,14 +41,14 @@ class EquinoxState(AdapterState):
 
     Attributes:
         frozen: the model's arrays that are not trained (not selected by ``filter_spec``).
-        skeleton: the model's non-array part (static).
+        skeleton: the model's non-array part, ``Static((leaves, treedef))`` (static).
         key_arg: the ``__call__`` keyword given an RNG key, or ``None`` (static).
         vmap: whether the model is per-example and vmapped over the batch (static).
         axis_name: the name of the vmapped batch axis, for ``eqx.nn.BatchNorm`` (static).
     """
 
     frozen: Any = None
-    skeleton: _Skeleton = dataclasses.field(default=None, metadata=STATIC)  # type: ignore[assignment]
+    skeleton: Static = dataclasses.field(default=None, metadata=STATIC)  # type: ignore[assignment]
     key_arg: str | None = dataclasses.field(default=None, metadata=STATIC)
     vmap: bool = dataclasses.field(default=False, metadata=STATIC)
     axis_name: str = dataclasses.field(default="batch", metadata=STATIC)
@@ -82,14 +57,18 @@ class EquinoxState(AdapterState):
     def model(self) -> eqx.Module:
         """The model with the state's parameters (a new object; pair it with
         ``state.model_state`` for a stateful model)."""
-        model: eqx.Module = eqx.combine(self.params, self.frozen, self.skeleton.tree)
+        model: eqx.Module = eqx.combine(self.params, self.frozen, self._non_arrays())
         return model
+
+    def _non_arrays(self) -> Any:
+        leaves, treedef = self.skeleton.value
+        return jax.tree_util.tree_unflatten(treedef, leaves)
 
     def apply(
         self, params: Any, model_state: Any, inputs: Any, *, training: bool, key: jax.Array | None
     ) -> tuple[Any, Any]:
         model = eqx.nn.inference_mode(
-            eqx.combine(params, self.frozen, self.skeleton.tree), value=not training
+            eqx.combine(params, self.frozen, self._non_arrays()), value=not training
         )
         if model_state is not None:
             # eqx.nn.State.set invalidates the State it is called on: hand the model a copy,
@@ -226,17 +205,7 @@ def _check_model(model: Any, tx: Any) -> None:
     )
 
 
-def _unhashable(tree: Any) -> str:
-    """The path of the first unhashable leaf of ``tree`` (for error messages)."""
-    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-        try:
-            hash(leaf)
-        except TypeError:
-            return f"{type(tree).__name__}{jax.tree_util.keystr(path)} ({type(leaf).__name__})"
-    return "a static field"
-
-
-def _partition(model: Any, filter_spec: Any) -> tuple[Any, Any, _Skeleton]:
+def _partition(model: Any, filter_spec: Any) -> tuple[Any, Any, Static]:
     name = type(model).__name__
     arrays, rest = eqx.partition(model, eqx.is_array)
     try:
@@ -260,14 +229,10 @@ def _partition(model: Any, filter_spec: Any) -> tuple[Any, Any, _Skeleton]:
             f"be differentiated: {not_float[:5]}. Select floating-point arrays only, e.g. "
             f"combine your filter with eqx.is_inexact_array."
         )
-    try:
-        skeleton = _Skeleton(rest)
-    except TypeError as error:
-        raise TypeError(
-            f"the non-array part of {name} must be hashable (it is a static part of the "
-            f"compiled step), but {_unhashable(rest)} is not ({error}). Make it hashable, "
-            f"e.g. a @dataclasses.dataclass(frozen=True) instead of a mutable one."
-        ) from error
+    # Flattened, a list of layers is structure, not an unhashable value: models built alike
+    # share compiled steps. (An unhashable leaf is compared by identity: it still works.)
+    leaves, treedef = jax.tree_util.tree_flatten(rest)
+    skeleton = Static((tuple(leaves), treedef))
     return params, frozen, skeleton
 
 
