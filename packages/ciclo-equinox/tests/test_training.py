@@ -89,11 +89,12 @@ def test_equinox_cnn_with_the_train_loop_call_of_the_flax_tests():
     x, y = images(1024, seed=3)
     x_test, y_test = images(512, seed=4)
     state = create()
-    # The calls of ciclo-flax's test_linen_and_nnx_with_the_same_train_loop_call.
+    # The calls of ciclo-flax's test_linen_and_nnx_with_the_same_train_loop_call, except
+    # test_dataset: ciclo.train_loop (main) takes a function returning a fresh dataset.
     state, history, elapsed = ciclo.train_loop(
         state,
         batches(x, y, 32),
-        test_dataset=list(batches(x_test, y_test, 64)),
+        test_dataset=lambda: batches(x_test, y_test, 64),
         epoch_duration=16,
     )
     assert elapsed.steps == 32
