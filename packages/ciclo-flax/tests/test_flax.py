@@ -318,3 +318,25 @@ def test_nnx_call_flags_are_passed():
     assert state.training_arg == "training"
     out, _ = state.predict_step(X)
     np.testing.assert_allclose(out.outputs.predictions, state.model(X, training=False), rtol=1e-6)
+
+
+@pytest.mark.parametrize("api", ["linen", "nnx"])
+def test_eager_strategy_computes_what_jit_does(api):
+    def make(strategy):
+        if api == "linen":
+            return ciclo_flax.create_state(
+                Deterministic(), X, optax.sgd(0.1), losses={"loss": CE}, strategy=strategy
+            )
+        model = nnx.Sequential(
+            nnx.Linear(4, 8, rngs=nnx.Rngs(0)), nnx.Dropout(0.5, rngs=nnx.Rngs(1))
+        )
+        return ciclo_flax.create_nnx_state(
+            model, optax.sgd(0.1), losses={"loss": CE}, strategy=strategy
+        )
+
+    eager_logs, eager = make("eager").train_step((X, Y))
+    jit_logs, jitted = make("jit").train_step((X, Y))
+    assert eager.strategy.name == "eager"
+    np.testing.assert_allclose(eager_logs.losses.loss, jit_logs.losses.loss, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(eager.params), jax.tree.leaves(jitted.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

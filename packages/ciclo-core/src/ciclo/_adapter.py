@@ -229,9 +229,13 @@ def _per_example(values: jax.Array, kind: str, name: str) -> jax.Array:
             f"applied to it. Return one value per example (shape (batch,)), e.g. "
             f"optax.softmax_cross_entropy_with_integer_labels(logits, labels) without .mean()."
         )
+    dtype = jnp.promote_types(values.dtype, jnp.float32)
     if not jnp.issubdtype(values.dtype, jnp.floating):
-        values = values.astype(jnp.float32)
-    values = values.astype(jnp.promote_types(values.dtype, jnp.float32))
+        dtype = jnp.dtype(jnp.float32)
+    if values.dtype != dtype:
+        values = values.astype(dtype)
+    if values.ndim == 1:
+        return values
     return values.reshape(values.shape[0], -1).mean(axis=1)
 
 

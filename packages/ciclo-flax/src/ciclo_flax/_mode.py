@@ -62,5 +62,8 @@ def training_kwargs(training_arg: str | None, training: bool) -> dict[str, bool]
 
 
 def stream_keys(key: jax.Array, streams: Sequence[str]) -> dict[str, jax.Array]:
-    """One key per RNG stream, derived from the step's ``key`` and the stream's name."""
+    """One key per RNG stream, derived from the step's ``key`` and the stream's name (the
+    step's key itself when there is one stream: no extra hashing in the step)."""
+    if len(streams) == 1:
+        return {streams[0]: key}
     return {name: jax.random.fold_in(key, zlib.crc32(name.encode())) for name in streams}
