@@ -12,6 +12,8 @@ import pytest
 
 import ciclo
 import ciclo_haiku
+from ciclo import _discovery
+from ciclo.adapters import AdapterNotInstalledError
 
 CE = optax.softmax_cross_entropy_with_integer_labels
 LOSSES = {"loss": CE}
@@ -196,6 +198,16 @@ def test_core_forwards_build_haiku_states():
     assert ciclo.adapters.adapter_for(hk.transform(linear)) is ciclo_haiku.adapter
     _, trained = picked.train_step((x, y))
     assert int(trained.step) == 1
+
+
+def test_without_ciclo_haiku_the_forward_names_the_pip_install(monkeypatch):
+    real = _discovery._entry_points
+    monkeypatch.setattr(
+        _discovery, "_entry_points", lambda: [ep for ep in real() if ep.name != "haiku"]
+    )
+    monkeypatch.setattr(_discovery, "_LOADED", {})
+    with pytest.raises(AdapterNotInstalledError, match=r"pip install ciclo-haiku"):
+        ciclo.create_haiku_state(linear, data()[0], TX, losses=LOSSES)
 
 
 def test_loop_trains_with_haiku_state():

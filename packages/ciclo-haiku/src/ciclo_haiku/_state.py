@@ -81,7 +81,8 @@ def create_state(
     (a dict of them when ``inputs_key`` is a tuple of keys), and ``is_training`` is passed
     when the function takes it (``True`` in ``train_step``, ``False`` otherwise). An RNG key,
     different at every step and reproducible from ``key``, is available to
-    ``hk.next_rng_key()`` (dropout).
+    ``hk.next_rng_key()`` (dropout). States built from the same function share their compiled
+    steps (as with ``jax.jit``, globals the function reads are fixed when it is first traced).
 
     Args:
         model: a function using Haiku modules (it is transformed with
