@@ -335,7 +335,7 @@ class _BoundStep:
         self.__name__ = step.__name__
         self.__qualname__ = f"{type(instance).__name__}.{step.__name__}"
 
-    def __call__(self, batch: Any) -> tuple[Logs, Any]:
+    def __call__(self, batch: Any = None) -> tuple[Logs, Any]:
         return self.step(self.instance, batch)
 
     def many(self, batches: Sequence[Any]) -> tuple[Logs, Any]:

@@ -1,3 +1,17 @@
-"""ciclo adapter for flax (in progress)."""
+"""ciclo adapter for Flax: Linen modules (:func:`create_state`) and NNX models
+(:func:`create_nnx_state`) as ciclo states with ``train_step``, ``test_step``,
+``predict_step`` and ``reset_step``.
+
+Example:
+    >>> import ciclo_flax
+    >>> ciclo_flax.adapter.name
+    'flax'
+"""
+
+from ._adapter import adapter as adapter
+from ._linen import FlaxState as FlaxState
+from ._linen import create_state as create_state
+from ._nnx import NNXState as NNXState
+from ._nnx import create_nnx_state as create_nnx_state
 
 __version__ = "0.1.0"
