@@ -267,23 +267,25 @@ class AdapterConformance:
         assert [p.shape for p in history.collect("predictions")] == [(BATCH, CLASSES)] * 2
 
     def test_train_loop(self) -> None:
-        """``ciclo.train_loop`` trains, evaluates and predicts with the state's own steps."""
+        """``ciclo.train_loop`` trains and evaluates after each epoch with the state's own
+        steps; ``ciclo.predict_loop`` collects the predictions."""
         self._check("train_loop")
-        import ciclo
+        from ._loops import predict_loop, train_loop
 
-        if not hasattr(ciclo, "train_loop"):
-            pytest.skip("ciclo.train_loop is not part of this ciclo version yet")
-        state = self.state()
-        state, history, elapsed = ciclo.train_loop(
-            state,
-            _batches(8, BATCH, seed=4),
-            test_dataset=list(_batches(2, BATCH, seed=5)),
+        state, history, elapsed = train_loop(
+            self.state(),
+            list(_batches(8, BATCH, seed=4)),
+            test_dataset=lambda: _batches(2, BATCH, seed=5),
             epoch_duration=4,
             stop=8,
         )
         assert int(state.step) == 8
         assert elapsed.steps == 8
-        assert history.collect("loss")
+        steps, accuracy = history.collect("steps", "accuracy_test")
+        assert steps == [3, 7], f"evaluations after steps {steps}, expected after 4 and 8"
+        assert all(0.0 <= a <= 1.0 for a in accuracy)
+        _, outputs, _ = predict_loop(state, _batches(2, BATCH, seed=5))
+        assert outputs, "predict_loop collected no outputs"
 
     def test_no_retrace(self) -> None:
         """The second and later calls of each step reuse the compiled step (the state a
@@ -472,16 +474,34 @@ class AdapterConformance:
         assert int(resumed.step) == 4
 
     def test_checkpoint(self) -> None:
-        """Placeholder: a ``ciclo.checkpoint`` round trip and ``train_loop`` resume."""
+        """A run interrupted after 4 steps with a ``ciclo.checkpoint`` and resumed from it
+        (``resume=``) ends exactly like an uninterrupted run of 8 steps, history included;
+        ``ciclo.restore`` gives the same state back."""
         self._check("checkpoint")
-        import ciclo
+        import tempfile
 
-        if not hasattr(ciclo, "checkpoint"):
-            pytest.skip(
-                "placeholder: ciclo.checkpoint is not part of this ciclo version yet; "
-                "test_resume_from_arrays checks what a checkpoint relies on meanwhile"
-            )
-        pytest.fail(
-            "ciclo.checkpoint exists now: write this check against it (save with the "
-            "checkpoint callback, restore, and resume training with identical results)"
-        )
+        from ._checkpoint import checkpoint
+        from ._loops import train_loop
+        from ._resume import restore
+
+        batches = list(_batches(8, BATCH, seed=7))
+        reference, reference_history, _ = train_loop(self.state(), batches, stop=8)
+        with tempfile.TemporaryDirectory() as tmp:
+            directory = f"{tmp}/run"
+            for stop in (4, 8):  # the second run resumes from the first one's checkpoint
+                resumed, history, elapsed = train_loop(
+                    self.state(),
+                    batches,
+                    callbacks=[checkpoint(directory, async_save=False)],
+                    epoch_duration=2,
+                    stop=stop,
+                    resume=directory,
+                )
+            restored = restore(directory, self.state())
+        assert elapsed.steps == 8
+        assert int(resumed.step) == 8
+        _assert_trees_close(resumed.params, reference.params, "resumed params", rtol=1e-6)
+        _assert_trees_close(resumed.model_state, reference.model_state, "resumed model state")
+        assert history.collect("steps", "loss") == reference_history.collect("steps", "loss")
+        assert restored.elapsed.steps == 8
+        _assert_trees_close(restored.state.params, resumed.params, "restored params", rtol=0)

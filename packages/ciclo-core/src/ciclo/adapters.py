@@ -16,8 +16,8 @@ from ._adapter import AdapterState as AdapterState
 from ._adapter import Batch as Batch
 from ._adapter import BatchFormat as BatchFormat
 from ._adapter import FunctionState as FunctionState
-from ._adapter import Static as Static
 from ._adapter import StatefulMetric as StatefulMetric
+from ._adapter import Static as Static
 from ._adapter import as_key as as_key
 from ._adapter import is_stateful_metric as is_stateful_metric
 from ._adapter import mean_metric as mean_metric
