@@ -1,4 +1,5 @@
-"""Every ```python block of docs/*.md and README.md runs.
+"""Every ```python block of docs/*.md and README.md runs, and the adapter that the adapter
+guide (docs/adapters.md) builds passes the conformance suite.
 
 The blocks of one page run in order in one namespace (a page reads as one program). A block
 is skipped only when the line just before it is ``<!-- skip: the reason -->``; each skipped
@@ -7,13 +8,18 @@ block is its own test that reports the page, the line and the reason.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import re
 import sys
+import tempfile
 import types
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+import ciclo.testing
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
@@ -87,24 +93,29 @@ def test_the_docs_have_code():
     assert len(RUNNABLE) >= 2, [p.name for p in RUNNABLE]
 
 
-@pytest.mark.parametrize("page", RUNNABLE, ids=lambda p: str(p.relative_to(ROOT)))
-def test_page_code_runs(page, tmp_path, monkeypatch):
-    """The page's blocks, in order, in one module namespace, from a scratch directory (a
-    traceback points at the page's own line numbers)."""
-    monkeypatch.chdir(tmp_path)
+def run_page(page: Path, directory: Path) -> types.ModuleType:
+    """Runs the page's blocks, in order, in one new module, from ``directory``; a traceback
+    points at the page's own line numbers. Returns the module."""
     name = f"docs_{page.stem.replace('-', '_')}"
     module = types.ModuleType(name)
     module.__file__ = str(page)
-    monkeypatch.setitem(sys.modules, name, module)  # dataclasses and pickle look it up
-    for block in BLOCKS[page]:
-        if block.skip is not None:
-            continue
-        source = "\n" * (block.line - 1) + block.code
-        try:
-            exec(compile(source, str(page), "exec"), module.__dict__)
-        except Exception as error:
-            error.add_note(f"(in the code block at {block.where})")
-            raise
+    sys.modules[name] = module  # dataclasses and pickle look the module up
+    with contextlib.chdir(directory):
+        for block in BLOCKS[page]:
+            if block.skip is not None:
+                continue
+            source = "\n" * (block.line - 1) + block.code
+            try:
+                exec(compile(source, str(page), "exec"), module.__dict__)
+            except Exception as error:
+                error.add_note(f"(in the code block at {block.where})")
+                raise
+    return module
+
+
+@pytest.mark.parametrize("page", RUNNABLE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_page_code_runs(page, tmp_path):
+    run_page(page, tmp_path)
 
 
 @pytest.mark.parametrize("block", SKIPPED, ids=lambda b: b.where)
@@ -133,3 +144,40 @@ def test_a_skip_marker_needs_a_reason(tmp_path):
     page.write_text("<!-- skip -->\n```python\nx = 1\n```\n")
     with pytest.raises(ValueError, match="skip marker needs a written reason"):
         parse(page)
+
+
+# --- the adapter guide's adapter, through the whole conformance suite ----------------------
+
+
+@functools.cache
+def _guide_suite() -> ciclo.testing.AdapterConformance:
+    """The conformance class that docs/adapters.md defines for its adapter, instantiated."""
+    module = run_page(ROOT / "docs" / "adapters.md", Path(tempfile.mkdtemp()))
+    suites = [
+        value
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and issubclass(value, ciclo.testing.AdapterConformance)
+        and value is not ciclo.testing.AdapterConformance
+    ]
+    assert len(suites) == 1, f"docs/adapters.md should define one conformance class: {suites}"
+    return suites[0]()
+
+
+class TestAdapterGuideConformance(ciclo.testing.AdapterConformance):
+    """Every check of ``ciclo.testing`` on the adapter built in docs/adapters.md, with the
+    model and ``create_state`` of the guide's own conformance class."""
+
+    @property
+    def adapter(self) -> str:  # type: ignore[override]
+        return _guide_suite().adapter
+
+    def make_model(self):
+        return _guide_suite().make_model()
+
+    def create_state(self, model, **kwargs):
+        return _guide_suite().create_state(model, **kwargs)
+
+
+def test_the_adapter_guide_skips_no_check():
+    assert _guide_suite().skip == {}

@@ -138,6 +138,14 @@ def test_an_adapter_registered_in_process_is_found_like_an_installed_one(entry_p
     assert ciclo.adapters.get_adapter("scriptframework") is replacement
 
 
+def test_a_registered_adapter_is_picked_without_importing_installed_ones(entry_points):
+    loaded = []
+    entry_points.append(FakeEntryPoint("notimported", lambda: loaded.append(1) or fake_adapter()))
+    ciclo.adapters.register_adapter(fake_adapter("scriptframework"))
+    assert ciclo.create_state(Model())[0] == "state of"
+    assert loaded == []
+
+
 def test_registering_needs_an_adapter_record_and_a_free_name(entry_points):
     with pytest.raises(TypeError, match=r"register_adapter needs a ciclo.adapters.Adapter"):
         ciclo.adapters.register_adapter(lambda model: None)

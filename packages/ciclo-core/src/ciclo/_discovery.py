@@ -167,14 +167,15 @@ def _describe(entry_point: metadata.EntryPoint) -> str:
 def adapter_for(model: Any) -> Adapter:
     """The installed adapter that handles ``model`` (by its type).
 
-    Adapters whose framework is already imported are asked first (a model of a framework
-    implies it is imported), so no other framework gets imported.
+    Adapters whose framework is already imported, and adapters registered in this process,
+    are asked first (a model of a framework implies it is imported), so no other framework
+    gets imported.
 
     Raises:
         TypeError: no installed adapter handles the model, or several do.
     """
     entry_names = installed_adapters()
-    imported = [n for n in entry_names if n.split(".")[0] in sys.modules]
+    imported = [n for n in entry_names if n in _REGISTERED or n.split(".")[0] in sys.modules]
     others = [n for n in entry_names if n not in imported]
     broken: dict[str, str] = {}
     for group in (imported, others):
