@@ -76,7 +76,7 @@ def tests(session: nox.Session, package: str) -> None:
     """One package's tests (core alone has no framework installed), or the cross-package
     tests in tests/ with every adapter installed."""
     if package == "core":
-        _install_tests(session, *[])
+        _install_tests(session)
         # the optional extras, so their callbacks (tensorboard_logger, History.plot) are tested
         session.install("-e", f"{ROOT / 'packages' / 'ciclo-core'}[tensorboard,plot]")
         paths = ["packages/ciclo-core/tests"]
@@ -87,7 +87,10 @@ def tests(session: nox.Session, package: str) -> None:
     else:
         _install_tests(session, package)
         paths = [f"packages/ciclo-{package}/tests"]
-    session.run("pytest", "-q", "-p", "no:cacheprovider", *paths, *session.posargs, env=ENV)
+    workers = str(min(4, os.cpu_count() or 1))
+    session.run(
+        "pytest", "-q", "-p", "no:cacheprovider", "-n", workers, *paths, *session.posargs, env=ENV
+    )
 
 
 @nox.session(python=PYTHONS[0])

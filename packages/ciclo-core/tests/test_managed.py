@@ -319,3 +319,41 @@ def test_many_runs_steps_in_one_call_and_checks_shapes():
     uneven = [batches[0], make_batches(steps=1, batch_size=8)[0]]
     with pytest.raises(ValueError, match=r"batch 1 has shapes .*same shapes"):
         regression_step.many(state, uneven)
+
+
+@ciclo.managed.step
+def regression_eval(state, batch):
+    x, y = batch
+    pred = x @ state.params["w"] + state.params["b"]
+    return ciclo.logs().add_metric("mse", jnp.mean((pred - y) ** 2)), state
+
+
+def run_train_loop(steps_per_call, batches, output):
+    state = make_state("jit", steps_per_call=steps_per_call)
+    return ciclo.train_loop(
+        state,
+        batches,
+        {ciclo.on_train_step: regression_step, ciclo.on_test_step: regression_eval},
+        callbacks=[ciclo.keras_bar(len(batches), file=output)],
+        test_dataset=lambda: batches[:4],
+        epoch_duration=7,
+    )
+
+
+def test_train_loop_fuses_steps_between_evaluations_with_a_progress_bar(monkeypatch):
+    """A bar fires on every step but is an observer: it does not cut fused groups; the
+    train_loop clock is a schedule, so evaluation still follows exactly each epoch."""
+    import io
+
+    batches = make_batches(steps=20)
+    state_1, history_1, _ = run_train_loop(1, batches, io.StringIO())
+    spy = Spy(monkeypatch)
+    output = io.StringIO()
+    state_8, history_8, _ = run_train_loop(8, batches, output)
+
+    assert_trees_close(state_8.params, state_1.params)
+    assert_same_history(history_8, history_1)
+    assert history_8.collect("steps", "mse_test")[0] == [6, 13]
+    # Each evaluation (not an observer) ends a group at its epoch's last step.
+    assert spy.groups == [7, 7, 6]
+    assert "20/20" in output.getvalue()

@@ -44,6 +44,7 @@ class LoopState:
     __slots__ = (
         "accumulated_logs",
         "batch",
+        "batch_size_fn",
         "elapsed",
         "history",
         "logs",
@@ -51,7 +52,6 @@ class LoopState:
         "state",
         "stop_iteration",
         "stop_reason",
-        "batch_size_fn",
     )
 
     def __init__(
@@ -177,12 +177,14 @@ class Callback:
     """A callback ready to run: the user's function or object, called with the right
     arguments, its result validated and normalised to ``(logs, state)``."""
 
-    __slots__ = ("arity", "fn", "method", "name")
+    __slots__ = ("arity", "fn", "method", "name", "observer")
 
     def __init__(self, fn: Any) -> None:
         self.method: Callable[..., Any]
         self.fn = fn
         self.name = callback_name(fn)
+        owner = getattr(fn, "__self__", fn)  # a bound method's object
+        self.observer = bool(getattr(owner, "__loop_observer__", False))
         if isinstance(fn, LoopCallback):
             self.method = fn.__loop_callback__
             self.arity = -1

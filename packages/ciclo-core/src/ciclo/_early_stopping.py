@@ -329,6 +329,8 @@ def early_stopping(
 class TerminateOnNaN(LoopCallbackBase):
     """Stops the loop when a loss becomes NaN or infinite; see :func:`terminate_on_nan`."""
 
+    __loop_observer__ = True  # reads the loop only: runs once per fused group
+
     def __init__(
         self, keys: Sequence[str] | None, interval: float, verbose: bool, file: IO[str] | None
     ) -> None:

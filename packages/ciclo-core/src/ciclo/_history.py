@@ -113,6 +113,18 @@ class _Column:
         return False, None
 
 
+def _expand_blocks(values: list[Any], positions: list[int]) -> list[Any]:
+    """Replaces each block (an array of rows) at ``positions`` by its rows."""
+    out: list[Any] = []
+    start = 0
+    for position in positions:
+        out.extend(values[start:position])
+        out.extend(list(values[position]))
+        start = position + 1
+    out.extend(values[start:])
+    return out
+
+
 def _pack(values: list[Any]) -> array[Any] | list[Any]:
     """Numbers (Python or NumPy scalars) packed in a typed array; anything else in a list."""
     try:
@@ -227,26 +239,32 @@ class History:
         self._ingest(pending, fetch=True)
 
     def _ingest(self, pending: list[tuple[int, Any]], *, fetch: bool) -> None:
-        # Fetch everything at once, gather rows and values per key (in row order), then
+        # Gather rows and values per key (in row order), fetch all values at once, then
         # extend each column in bulk: per-value Python work is what makes a history slow
-        # at a million rows.
-        if fetch:
-            pending = _host.to_host(pending)
+        # at a million rows. A fused call's block of rows stays one array until fetched.
         gathered: dict[tuple[str, str], tuple[list[int], list[Any]]] = {}
+        blocks: dict[tuple[str, str], list[int]] = {}  # positions of blocks in values
         for row, entries in pending:
             if isinstance(entries, _Stacked):
                 for dotted, block in entries.entries:
                     collection, name = dotted.split(".", 1)
                     rows, values = gathered.setdefault((collection, name), ([], []))
-                    rows.extend(range(row, row + len(block)))
-                    values.extend(block)
+                    rows.extend(range(row, row + entries.count))
+                    blocks.setdefault((collection, name), []).append(len(values))
+                    values.append(block)
                 continue
             for collection, entry in entries.items():
                 for name, value in entry.items():
                     rows, values = gathered.setdefault((collection, name), ([], []))
                     rows.append(row)
                     values.append(value)
-        for pair, (rows, values) in gathered.items():
+        values_by_key = {key: values for key, (_, values) in gathered.items()}
+        if fetch:
+            values_by_key = _host.to_host(values_by_key)
+        for pair, (rows, _) in gathered.items():
+            values = values_by_key[pair]
+            if pair in blocks:
+                values = _expand_blocks(values, blocks[pair])
             self._column_for(pair, rows[0]).extend(rows, values)
 
     def _column_for(self, key: tuple[str, str], first_row: int) -> _Column:
@@ -363,7 +381,7 @@ class History:
             the ``matplotlib.figure.Figure``.
 
         Example:
-            >>> fig = history.plot("loss", ("accuracy", "accuracy_test"), path="run.png")  # doctest: +SKIP
+            >>> history.plot("loss", "accuracy_test", path="run.png")  # doctest: +SKIP
         """
         from ._plot import plot_history
 

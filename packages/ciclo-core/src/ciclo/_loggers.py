@@ -26,6 +26,8 @@ _ELAPSED_COLUMNS = ("steps", "samples", "time")
 class CSVLogger(LoopCallbackBase):
     """Writes one CSV row per call; see :func:`csv_logger`."""
 
+    __loop_observer__ = True  # reads the loop only: runs once per fused group
+
     def __init__(self, path: str | os.PathLike[str], *, separator: str, append: bool) -> None:
         self.path = Path(path)
         self.separator = separator
@@ -130,6 +132,8 @@ def _scalar(value: Any) -> float | None:
 
 class TensorBoardLogger(LoopCallbackBase):
     """Writes history rows as TensorBoard scalars; see :func:`tensorboard_logger`."""
+
+    __loop_observer__ = True  # reads the loop only: runs once per fused group
 
     def __init__(
         self, logdir: str | os.PathLike[str], interval: float, writer_kwargs: Mapping[str, Any]

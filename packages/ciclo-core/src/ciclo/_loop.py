@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -133,7 +134,16 @@ def _batch_signature(batch: Any) -> tuple[Any, ...]:
 class _Group:
     """Consecutive steps whose fused callback runs in one call (see :func:`loop`)."""
 
-    __slots__ = ("after", "batches", "before_logs", "elapsed", "fused", "signature", "size")
+    __slots__ = (
+        "after",
+        "batches",
+        "before_logs",
+        "elapsed",
+        "fused",
+        "observers",
+        "signature",
+        "size",
+    )
 
     def __init__(self, fused: Callback, size: int, before_logs: Logs, batch: Any) -> None:
         self.fused, self.size, self.before_logs = fused, size, before_logs
@@ -141,25 +151,27 @@ class _Group:
         self.elapsed: list[Elapsed] = []
         self.batches: list[Any] = []
         self.after: list[Callback] = []
+        # Observers (progress bars, loggers) that fired inside the group run once, at its
+        # last step: they only read, so they need not cut the group.
+        self.observers: list[Callback] = []
 
-    def accepts(self, fired: list[Callback], batch: Any) -> bool:
-        return (
-            not self.after
-            and bool(fired)
-            and fired[0] is self.fused
-            and _batch_signature(batch) == self.signature
-        )
+    def accepts_batch(self, batch: Any) -> bool:
+        """Whether the group can take this step (its fused callback fired first)."""
+        return not self.after and _batch_signature(batch) == self.signature
 
     def add(self, elapsed: Elapsed, batch: Any, after: list[Callback]) -> None:
         self.elapsed.append(elapsed)
         self.batches.append(batch)
-        self.after = after
+        self.after = [c for c in after if not c.observer]
+        for callback in after:
+            if callback.observer and not any(callback is o for o in self.observers):
+                self.observers.append(callback)
 
     def run(self, loop_state: LoopState, in_flight: _InFlight) -> None:
         loop_state.elapsed, loop_state.batch = self.elapsed[-1], self.batches[-1]
         if len(self.batches) == 1:  # a plain step
             loop_state.logs = self.before_logs
-            run_callbacks([self.fused, *self.after], loop_state)
+            run_callbacks([self.fused, *self.after, *self.observers], loop_state)
             _commit(loop_state)
             in_flight.push(loop_state)
             return
@@ -183,7 +195,7 @@ class _Group:
                 _commit(loop_state)
             loop_state.elapsed, loop_state.batch = self.elapsed[-1], self.batches[-1]
             loop_state.logs = rows[-1]
-            run_callbacks(self.after, loop_state)
+            run_callbacks([*self.after, *self.observers], loop_state)
             _commit(loop_state)
         else:
             loop_state.elapsed = self.elapsed[-1]
@@ -191,7 +203,20 @@ class _Group:
                 loop_state.history.commit_many(self.elapsed, logs)
                 loop_state.logs = _last_row(logs)
                 loop_state.accumulated_logs.merge(loop_state.logs)
+            _run_observers(self.observers, loop_state)
         in_flight.push(loop_state)
+
+
+def _run_observers(observers: list[Callback], loop_state: LoopState) -> None:
+    """Runs observers after a fused group was committed; they may not change anything."""
+    for callback in observers:
+        logs, state = callback(loop_state)
+        if logs or state is not NO_CHANGE:
+            raise TypeError(
+                f"callback {callback.name} is marked __loop_observer__ = True (it only reads "
+                f"the loop), but returned logs or a state; remove the marker or the return "
+                f"value."
+            )
 
 
 @jax.jit
@@ -255,15 +280,22 @@ def _run_steps(
     step's logs. Consecutive steps of a fused callback run as one group (see :func:`loop`)."""
     group: _Group | None = None
     for elapsed, batch in steps:
+        # Schedules may look at the step being decided (train_loop's clock does).
+        loop_state.elapsed, loop_state.batch = elapsed, batch
+        fired = _fired(task_list, elapsed)  # asked lazily, in order
         if group is not None:
-            fired = list(_fired(task_list, elapsed))
-            if group.accepts(fired, batch):
-                group.add(elapsed, batch, fired[1:])
+            first = next(fired, None)
+            if first is group.fused and group.accepts_batch(batch):
+                group.add(elapsed, batch, list(fired))
             else:
                 group.run(loop_state, in_flight)
-                group = _start_step(loop_state, elapsed, batch, iter(fired), in_flight)
+                loop_state.elapsed, loop_state.batch = elapsed, batch
+                head = [] if first is None else [first]
+                group = _start_step(
+                    loop_state, elapsed, batch, itertools.chain(head, fired), in_flight
+                )
         else:
-            group = _start_step(loop_state, elapsed, batch, _fired(task_list, elapsed), in_flight)
+            group = _start_step(loop_state, elapsed, batch, fired, in_flight)
         if group is not None and (
             group.after or len(group.batches) >= group.size or loop_state.stop_iteration
         ):
@@ -339,7 +371,10 @@ def loop(
     where one placed *before* it fires (it runs first, on the state before the group).
     Batches of another shape (a smaller last batch) also start a new group; a group of one
     is a plain step. So a callback that fires on every step (put in the same task as the
-    fused step) leaves nothing to fuse: give it its own, sparser schedule.
+    fused step) leaves nothing to fuse: give it its own, sparser schedule. The exception
+    are *observers*, callback objects whose class sets ``__loop_observer__ = True``
+    (progress bars, loggers): they only read the loop and return nothing, so when they fire
+    inside a group they run once, after it, on its last step, and do not cut it.
 
     Returns:
         ``(state, history, elapsed)``, ``elapsed`` counting every batch consumed.

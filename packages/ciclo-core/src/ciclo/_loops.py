@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._callback import (
+    LoopCallback,
     LoopCallbackBase,
     LoopState,
     _positional_arity,
@@ -135,6 +136,16 @@ class _StateMethod:
         return bound(*(loop_state.batch, loop_state.elapsed, loop_state)[:arity])
 
 
+def _state_hook(state: Any, method: str) -> Any:
+    """The callback for the state's own step method. A managed step (a class attribute
+    with ``__loop_callback__``) already runs on the loop's current state and can fuse
+    steps, so it is registered as it is; a plain method is looked up on each call."""
+    attribute = getattr(type(state), method, None)
+    if isinstance(attribute, LoopCallback):
+        return attribute
+    return _StateMethod(method)
+
+
 def _as_list(value: Any) -> list[Any]:
     if value is None:
         return []
@@ -184,7 +195,7 @@ class _Registry:
                 and not self.named[schedule_name]
                 and callable(getattr(state, method, None))
             ):
-                self.named[schedule_name].append(_StateMethod(method))
+                self.named[schedule_name].append(_state_hook(state, method))
         if self.named[step_name] and not any(s is _STEP_SLOT for s, _ in self.step_phase):
             self.step_phase.insert(0, (_STEP_SLOT, None))
 
@@ -265,6 +276,9 @@ def _loop_tasks(*pairs: tuple[Any, list[Any]]) -> dict[Any, Any]:
     their identity (for resuming)."""
     out: dict[Any, Any] = {}
     for schedule, callbacks in pairs:
+        if isinstance(schedule, _EpochClock):  # asked every step, runs nothing
+            out[schedule] = []
+            continue
         if callbacks is None or (isinstance(callbacks, list) and not callbacks):
             continue
         if schedule in out:  # the same schedule object twice: run both, in order
@@ -290,11 +304,13 @@ class _Flag(Schedule):
         return f"train_loop.{self.label}"
 
 
-class _EpochClock:
-    """Runs first in every training step and decides, from the count *after* the step,
-    whether the step ends an epoch and which evaluations follow it; an epoch begins at
-    the first step of the loop (when the count is on an epoch boundary, e.g. 0) and at the
-    step after one ended. An evaluation set without its own duration follows epoch ends."""
+class _EpochClock(Schedule):
+    """Asked first in every training step (a schedule that never fires), it decides from
+    the count *after* the step whether the step ends an epoch and which evaluations
+    follow it; an epoch begins at the first step of the loop (when the count is on an
+    epoch boundary, e.g. 0) and at the step after one ended. An evaluation set without a
+    duration of its own follows epoch ends. Being a schedule rather than a callback, it does
+    not split a fused group of steps."""
 
     def __init__(
         self, epoch: tuple[str, float] | None, tests: Mapping[str, tuple[str, float] | None]
@@ -308,10 +324,18 @@ class _EpochClock:
         self.begins = self.ends = False
         self.due = dict.fromkeys(tests, False)
         self.first = True
-        self.hook = _Hook("train_loop clock", self.tick)
+        self.loop_state: LoopState | None = None
+        self.bind = _Hook("train_loop clock", self._bind)
 
-    def tick(self, loop_state: LoopState) -> None:
-        before, after = loop_state.elapsed, loop_state.elapsed_after_step()
+    def _bind(self, loop_state: LoopState) -> None:
+        self.loop_state = loop_state
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        assert self.loop_state is not None, "the clock is bound in on_start"
+        self.tick(elapsed, self.loop_state.elapsed_after_step())
+        return False
+
+    def tick(self, before: Elapsed, after: Elapsed) -> None:
         if self.first:
             if self.epoch is None:
                 self.begins = True
@@ -320,18 +344,27 @@ class _EpochClock:
                 self.begins = getattr(before, unit) % amount == 0
             # Show the schedules where this loop starts, so that a boundary crossed by the
             # first step counts (a continued run may start mid-epoch).
-            for schedule in (self.epoch_schedule, *self.test_schedules.values()):
-                if schedule is not None:
-                    schedule(before)
+            for schedule in self._schedules():
+                schedule(before)
             self.first = False
         else:
             self.begins = self.ends
         self.ends = self.epoch_schedule(after) if self.epoch_schedule else False
-        for name, schedule in self.test_schedules.items():
-            self.due[name] = schedule(after) if schedule else self.ends
+        for name, test in self.test_schedules.items():
+            self.due[name] = test(after) if test else self.ends
+
+    def _schedules(self) -> tuple[Schedule, ...]:
+        candidates = (self.epoch_schedule, *self.test_schedules.values())
+        return tuple(s for s in candidates if s is not None)
+
+    def children(self) -> tuple[Schedule, ...]:
+        return self._schedules()
+
+    def __repr__(self) -> str:
+        return "train_loop.clock"
 
     def flag(self, attribute: str) -> _Flag:
-        inner = self.epoch_schedule if attribute == "ends" and self.epoch_schedule else None
+        inner = self.epoch_schedule if attribute == "ends" else None
         return _Flag(lambda: bool(getattr(self, attribute)), attribute, *([inner] if inner else []))
 
     def test_flag(self, name: str) -> _Flag:
@@ -546,7 +579,7 @@ def train_loop(
 
     evaluations = {name: evaluation(name, factory) for name, (factory, _) in sets.items()}
     loop_tasks = _loop_tasks(
-        (always(), [clock.hook]),
+        (clock, []),
         (clock.flag("begins"), named["on_reset_step"] + named["on_epoch_begin"]),
         (always(), named["on_train_batch_begin"]),
         *registry.step_tasks(),
@@ -564,7 +597,7 @@ def train_loop(
         train_dataset,
         loop_tasks,
         stop=stop,
-        on_start=named["on_train_begin"],
+        on_start=[clock.bind, *named["on_train_begin"]],
         on_end=on_end,
         history=history,
         elapsed=elapsed,

@@ -60,6 +60,8 @@ class _Bar(LoopCallbackBase):
     reaches ``total``.
     """
 
+    __loop_observer__ = True  # reads the loop only: runs once per fused group
+
     def __init__(
         self, total: int | Period, interval: float, file: IO[str] | None, what: str
     ) -> None:
