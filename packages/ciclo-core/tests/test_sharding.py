@@ -349,3 +349,21 @@ def test_a_mesh_without_the_data_axis_is_rejected():
 def test_names_are_registered():
     assert {"fsdp", "sharded"} <= set(ciclo.managed.strategy_names())
     assert ciclo.managed.get_strategy("fsdp").name == "fsdp"
+
+
+def test_a_broken_metadata_entry_point_is_a_warning(monkeypatch):
+    import importlib.metadata
+
+    from ciclo import _sharding
+
+    class Broken:
+        name, value = "broken", "broken_adapter:register"
+
+        def load(self):
+            raise ImportError("no module named broken_adapter")
+
+    monkeypatch.setattr(_sharding, "_loaded_entry_points", False)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [Broken()])
+    with pytest.warns(RuntimeWarning, match=r"reader 'broken' \(broken_adapter:register\) fail"):
+        specs = ciclo.managed.partition_specs({"w": jnp.zeros(8)}, fsdp_axis="data")
+    assert specs == {"w": P("data")}

@@ -21,6 +21,7 @@ is split over the data axis too.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
@@ -53,6 +54,31 @@ RuleFn = Callable[[str, Any], "PartitionSpec | None"]
 Rules = Sequence[tuple[str, Any]] | Mapping[str, Any] | RuleFn
 
 _READERS: dict[type, SpecReader] = {}
+_ENTRY_POINTS = "ciclo.partition_metadata"
+_loaded_entry_points = False
+
+
+def _load_entry_points() -> None:
+    """Runs, once, the registration functions installed packages declare under the
+    ``ciclo.partition_metadata`` entry-point group (ciclo-flax declares Flax's), so that
+    annotated models are read even when their adapter was not imported. A broken one is a
+    warning: its annotations are then ignored."""
+    global _loaded_entry_points
+    if _loaded_entry_points:
+        return
+    _loaded_entry_points = True
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=_ENTRY_POINTS):
+        try:
+            entry.load()()
+        except Exception as error:
+            warnings.warn(
+                f"ciclo: the partition metadata reader {entry.name!r} ({entry.value}) failed: "
+                f"{error!r}; the sharded strategies ignore the annotations it reads.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
 
 def register_partition_metadata(node_type: type, spec_of: SpecReader) -> None:
@@ -61,8 +87,9 @@ def register_partition_metadata(node_type: type, spec_of: SpecReader) -> None:
     ``node_type`` is a pytree node class that wraps arrays with sharding annotations (as
     Flax's ``nn.Partitioned`` and ``nnx.Variable`` do); ``spec_of(node)`` returns the
     ``PartitionSpec`` of the arrays in it, or ``None`` for none. Adapters register their
-    framework's classes (``ciclo_flax`` does for Flax); rules given to the strategy take
-    precedence.
+    framework's classes (``ciclo_flax`` does for Flax, on import and through the
+    ``ciclo.partition_metadata`` entry-point group, whose functions core runs before it
+    first places a state); rules given to the strategy take precedence.
 
     Args:
         node_type: the annotated node's class (subclasses match too).
@@ -273,6 +300,7 @@ def _partition_specs(
     fsdp_axis: str | tuple[str, ...] | None,
     strategy: str,
 ) -> Any:
+    _load_entry_points()
     fsdp_size = (
         int(np.prod([mesh.shape[name] for name in _axis_names(fsdp_axis)]))
         if fsdp_axis is not None
