@@ -9,6 +9,8 @@ from ._callback import Callback as Callback
 from ._callback import LoopCallback as LoopCallback
 from ._callback import LoopCallbackBase as LoopCallbackBase
 from ._callback import LoopState as LoopState
+from ._checkpoint import Checkpoint as Checkpoint
+from ._checkpoint import checkpoint as checkpoint
 from ._early_stopping import early_stopping as early_stopping
 from ._early_stopping import terminate_on_nan as terminate_on_nan
 from ._elapsed import Elapsed as Elapsed
@@ -47,6 +49,9 @@ from ._named import on_train_end as on_train_end
 from ._named import on_train_step as on_train_step
 from ._progress import keras_bar as keras_bar
 from ._progress import tqdm_bar as tqdm_bar
+from ._resume import Restored as Restored
+from ._resume import restore as restore
+from ._resume import restore_best as restore_best
 from ._schedules import Schedule as Schedule
 from ._schedules import after as after
 from ._schedules import always as always

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from ._elapsed import Elapsed, default_batch_size
@@ -37,21 +37,34 @@ class LoopState:
         accumulated_logs: the latest value of every entry seen in this loop.
         metadata: free-form data of the loop (e.g. which loop this is).
         stop_iteration: set to ``True`` to end the loop after this step.
-        stop_reason: why the loop stopped (set with ``stop_iteration``), or ``None``.
+        stop_reason: why the loop stopped (set with ``stop_iteration``, e.g. ``"stopped by
+            SIGTERM"``), or ``None``.
         batch_size_fn: ``batch -> int``, how the loop counts the samples of a batch.
+        tasks: the running loop's tasks, normalised to ``[(Schedule, [Callback])]`` (read
+            only; checkpoints reach the schedules and stateful callbacks through it).
+        dataset: the dataset the loop iterates, as given to it.
+        initial_elapsed: the count the loop started from (for a resumed loop: the count the
+            interrupted loop had started from), so ``elapsed.steps -
+            initial_elapsed.steps`` batches were drawn from ``dataset``.
+        resumed: ``True`` when the loop continued a run from a checkpoint.
     """
 
     __slots__ = (
+        "_step_end",
         "accumulated_logs",
         "batch",
         "batch_size_fn",
+        "dataset",
         "elapsed",
         "history",
+        "initial_elapsed",
         "logs",
         "metadata",
+        "resumed",
         "state",
         "stop_iteration",
         "stop_reason",
+        "tasks",
     )
 
     def __init__(
@@ -61,6 +74,9 @@ class LoopState:
         elapsed: Elapsed,
         metadata: Any = None,
         batch_size_fn: Callable[[Any], int] | None = None,
+        *,
+        tasks: Sequence[tuple[Any, list[Callback]]] = (),
+        dataset: Any = None,
     ) -> None:
         self.state = state
         self.batch: Any = None
@@ -72,6 +88,30 @@ class LoopState:
         self.stop_iteration = False
         self.stop_reason: str | None = None
         self.batch_size_fn: Callable[[Any], int] = batch_size_fn or default_batch_size
+        self.tasks = list(tasks)
+        self.dataset = dataset
+        self.initial_elapsed = elapsed
+        self.resumed = False
+        self._step_end: list[Callable[[LoopState], None]] = []
+
+    def at_step_end(self, fn: Callable[[LoopState], None]) -> None:
+        """Runs ``fn(loop_state)`` once, when the current step is over: after every callback
+        of the step ran and its logs were committed to history, with ``elapsed`` counting
+        the step. A consistent end-of-step view, e.g. for a checkpoint."""
+        if fn not in self._step_end:
+            self._step_end.append(fn)
+
+    def run_step_end(self) -> None:
+        """Runs (and clears) what :meth:`at_step_end` queued; called by the loop."""
+        hooks, self._step_end = self._step_end, []
+        for fn in hooks:
+            try:
+                fn(self)
+            except Exception as error:
+                error.add_note(
+                    f"(in ciclo step-end hook {callback_name(fn)} at step {self.elapsed.steps})"
+                )
+                raise
 
     def elapsed_after_step(self) -> Elapsed:
         """The count once the current batch is done (``elapsed`` counts up to before it).

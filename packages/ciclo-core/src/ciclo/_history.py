@@ -141,6 +141,18 @@ def _pack(values: list[Any]) -> array[Any] | list[Any]:
     ]
 
 
+def _to_numpy(values: array[Any]) -> np.ndarray:
+    dtype = np.float64 if values.typecode == "d" else np.int64
+    return np.frombuffer(values, dtype=dtype).copy()
+
+
+def _from_numpy(values: Any, typecode: str) -> array[Any]:
+    if isinstance(values, np.ndarray):
+        dtype = np.float64 if typecode == "d" else np.int64
+        return array(typecode, np.ascontiguousarray(values, dtype=dtype).tobytes())
+    return array(typecode, values)
+
+
 class History:
     """The record of a loop: one row per committed step, with its ``elapsed`` and logs.
 
@@ -276,6 +288,61 @@ class History:
         if column is None:
             column = columns[name] = self._columns[f"{collection}.{name}"] = _Column(first_row)
         return column
+
+    # --- saving and loading ----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Every row, as plain Python values and NumPy arrays (for checkpoints).
+
+        Pending device values are fetched first. Numeric columns come out as NumPy copies,
+        other columns as lists; :meth:`load_state_dict` takes the result back.
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> history.commit(ciclo.Elapsed.create(), ciclo.logs().add_metric("loss", 0.5))
+            >>> copy = ciclo.history()
+            >>> copy.load_state_dict(history.state_dict())
+            >>> copy.collect("loss")
+            [0.5]
+        """
+        self.fetch()
+        return {
+            "num_rows": self._num_rows,
+            "elapsed": {field: _to_numpy(values) for field, values in self._elapsed.items()},
+            "columns": {
+                key: {
+                    "start": column.start,
+                    "rows": None if column.rows is None else _to_numpy(column.rows),
+                    "values": _to_numpy(column.values)
+                    if isinstance(column.values, array)
+                    else list(column.values or ()),
+                }
+                for key, column in self._columns.items()
+            },
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Replaces every row by those of a :meth:`state_dict` (pending values are dropped)."""
+        self._pending = []
+        self._num_rows = int(state["num_rows"])
+        self._elapsed = {
+            field: _from_numpy(state["elapsed"][field], "d" if field in ("time", "date") else "q")
+            for field in _ELAPSED_FIELDS
+        }
+        self._columns, self._lookup = {}, {}
+        for key, saved in state["columns"].items():
+            column = _Column(int(saved["start"]))
+            rows = saved["rows"]
+            column.rows = None if rows is None else _from_numpy(rows, "q")
+            values = saved["values"]
+            kind = getattr(getattr(values, "dtype", None), "kind", None)
+            column.values = (
+                _from_numpy(values, "d" if kind == "f" else "q")
+                if kind in ("f", "i", "u")
+                else list(values)
+            )
+            collection, name = key.split(".", 1)
+            self._columns[key] = self._lookup.setdefault(collection, {})[name] = column
 
     # --- reading -------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import signal
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -11,13 +12,14 @@ from typing import Any, cast
 
 import jax
 
-from ._callback import NO_CHANGE, Callback, LoopState, as_callback
+from . import _resume
+from ._callback import NO_CHANGE, Callback, LoopState, as_callback, callback_name
 from ._elapsed import Elapsed, Period, elapse
 from ._history import History
 from ._logs import Logs
 from ._named import NamedSchedule
 from ._schedules import Schedule, as_schedule
-from ._signals import stop_gracefully_on
+from ._signals import exit_if_terminated, stop_gracefully_on
 
 __all__ = ["loop", "Tasks", "run_callbacks", "normalize_tasks"]
 
@@ -277,7 +279,10 @@ def _run_steps(
     in_flight: _InFlight,
 ) -> None:
     """Runs every batch: the callbacks whose schedules fire, in order, then a commit of the
-    step's logs. Consecutive steps of a fused callback run as one group (see :func:`loop`)."""
+    step's logs. Consecutive steps of a fused callback run as one group (see :func:`loop`).
+
+    What callbacks queued with ``loop_state.at_step_end`` runs once a step (or a group) is
+    complete and no batch is drawn but not yet run, so it sees a consistent run."""
     group: _Group | None = None
     for elapsed, batch in steps:
         # Schedules may look at the step being decided (train_loop's clock does).
@@ -301,10 +306,48 @@ def _run_steps(
         ):
             group.run(loop_state, in_flight)
             group = None
+        if group is None:
+            _end_step(loop_state)
         if loop_state.stop_iteration:
             break
     if group is not None:
         group.run(loop_state, in_flight)
+        _end_step(loop_state)
+
+
+def _end_step(loop_state: LoopState) -> None:
+    """Runs the step-end hooks, with ``elapsed`` counting the step just done."""
+    if not loop_state._step_end:
+        return
+    before = loop_state.elapsed
+    loop_state.elapsed = loop_state.elapsed_after_step()
+    try:
+        loop_state.run_step_end()
+    finally:
+        loop_state.elapsed = before
+
+
+def _end_hooks(callback_lists: Iterable[list[Callback]]) -> list[Any]:
+    """The distinct objects behind the callbacks (or their bound methods) that define
+    ``__loop_end__``, in order of appearance."""
+    found: dict[int, Any] = {}
+    for callbacks in callback_lists:
+        for callback in callbacks:
+            for owner in (callback.fn, getattr(callback.fn, "__self__", None)):
+                if owner is not None and callable(getattr(type(owner), "__loop_end__", None)):
+                    found.setdefault(id(owner), owner)
+    return list(found.values())
+
+
+def _run_end_hooks(hooks: list[Any], loop_state: LoopState, error: BaseException | None) -> None:
+    for owner in hooks:
+        try:
+            owner.__loop_end__(loop_state, error)
+        except Exception as hook_error:
+            if error is None:
+                hook_error.add_note(f"(in ciclo callback {callback_name(owner)}.__loop_end__)")
+                raise
+            error.add_note(f"(and {callback_name(owner)}.__loop_end__ failed: {hook_error!r})")
 
 
 def _first_array(tree: Any) -> jax.Array | None:
@@ -333,7 +376,8 @@ def loop(
     batch_size_fn: Callable[[Any], int] | None = None,
     metadata: Any = None,
     max_steps_in_flight: int = 2,
-    stop_signals: Sequence[signal.Signals] = (signal.SIGINT,),
+    stop_signals: Sequence[signal.Signals] = (signal.SIGINT, signal.SIGTERM),
+    resume: str | os.PathLike[str] | None = None,
 ) -> tuple[Any, History, Elapsed]:
     """Runs ``tasks`` over ``dataset``, threading ``state`` through the callbacks.
 
@@ -357,8 +401,25 @@ def loop(
         metadata: free-form data exposed as ``loop_state.metadata``.
         max_steps_in_flight: how many steps JAX may run ahead of Python (0: unbounded).
         stop_signals: signals that end the loop gracefully: the current step finishes,
-            ``on_end`` runs and the loop returns (Ctrl-C by default; a second Ctrl-C
-            interrupts at once). ``loop_state.stop_reason`` says why it stopped.
+            a ``ciclo.checkpoint`` of the loop saves, ``on_end`` runs, then the loop
+            returns after Ctrl-C (SIGINT), and the process exits with status
+            ``128 + signal`` (143 for SIGTERM) after any other signal, so that a scheduler
+            sees an interrupted run. The same signal twice interrupts at once. Only the
+            outermost loop handles them: a loop run inside a callback runs to its end.
+            ``loop_state.stop_reason`` says why the loop stopped.
+        resume: a checkpoint directory (or the ``ciclo.checkpoint`` itself). When it holds a
+            checkpoint, the loop continues from the latest one as if it had never stopped:
+            state, ``elapsed``, history, the state of schedules and stateful callbacks are
+            restored and the batches already consumed are skipped (see
+            :func:`ciclo.checkpoint` for how). A missing or empty directory starts afresh, so
+            that one command starts a run and continues it after a preemption. On resume,
+            ``on_start`` runs but its logs are not recorded again.
+
+    Callback objects (in ``tasks``, ``on_start`` or ``on_end``, or whose bound methods are)
+    may define ``__loop_end__(loop_state, error)``: it is called once when the loop ends,
+    before ``on_end`` (``error`` is ``None``), or when an exception leaves the loop
+    (``error`` is that exception, raised again afterwards). Callbacks may queue work for the
+    end of the current step with ``loop_state.at_step_end(fn)``.
 
     Fused steps: a callback that implements ``__loop_steps_per_call__(loop_state) -> K``
     and ``__loop_callback_many__(loop_state, batches) -> (stacked logs, state)`` (a managed
@@ -394,18 +455,39 @@ def loop(
     task_list = normalize_tasks(tasks)
     start_callbacks = _as_callback_list(on_start)
     end_callbacks = _as_callback_list(on_end)
+    end_hooks = _end_hooks([start_callbacks, *(c for _, c in task_list), end_callbacks])
     history = History() if history is None else history
-    steps = elapse(dataset, stop=stop, initial=elapsed, batch_size_fn=batch_size_fn)
-    loop_state = LoopState(state, history, steps.elapsed, metadata, batch_size_fn)
+    loop_state = LoopState(
+        state,
+        history,
+        elapsed or Elapsed.create(),
+        metadata,
+        batch_size_fn,
+        tasks=task_list,
+        dataset=dataset,
+    )
+    source = dataset if resume is None else _resume.resume(resume, loop_state)
+    steps = elapse(source, stop=stop, initial=loop_state.elapsed, batch_size_fn=batch_size_fn)
+    loop_state.elapsed = steps.elapsed
     in_flight = _InFlight(max_steps_in_flight)
 
     run_callbacks(start_callbacks, loop_state)
+    if loop_state.resumed:  # the checkpoint's history already holds them
+        loop_state.logs = Logs()
     _commit(loop_state)
-    with stop_gracefully_on(loop_state, stop_signals):
-        _run_steps(loop_state, steps, task_list, in_flight)
-    loop_state.elapsed = steps.finish()
-    loop_state.batch = None
-    loop_state.logs = Logs()
+    _end_step(loop_state)
+    with stop_gracefully_on(loop_state, stop_signals) as received:
+        try:
+            _run_steps(loop_state, steps, task_list, in_flight)
+            loop_state.elapsed = steps.finish()
+            loop_state.batch = None
+            loop_state.logs = Logs()
+        except BaseException as error:
+            _run_end_hooks(end_hooks, loop_state, error)
+            raise
+        _run_end_hooks(end_hooks, loop_state, None)
     run_callbacks(end_callbacks, loop_state)
     _commit(loop_state)
+    _end_step(loop_state)
+    exit_if_terminated(received, loop_state)
     return loop_state.state, history, loop_state.elapsed

@@ -360,6 +360,15 @@ class _EpochClock(Schedule):
     def children(self) -> tuple[Schedule, ...]:
         return self._schedules()
 
+    def state_dict(self) -> dict[str, Any]:
+        # A resumed run needs to know whether the last step ended an epoch (the next one
+        # then begins one): the count alone does not say it for epochs in samples or time.
+        return {**super().state_dict(), "first": self.first, "ends": self.ends}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.first, self.ends = bool(state["first"]), bool(state["ends"])
+
     def __repr__(self) -> str:
         return "train_loop.clock"
 

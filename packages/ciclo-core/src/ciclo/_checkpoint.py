@@ -1,0 +1,351 @@
+"""``ciclo.checkpoint``: save everything a run needs to continue, with orbax-checkpoint."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from typing import Any
+
+from . import _host, _resume
+from ._callback import LoopCallbackBase, LoopState
+from ._schedules import Schedule, every
+
+__all__ = ["checkpoint", "Checkpoint"]
+
+_MODES = ("min", "max")
+
+
+def _prepare_directory(path: str) -> None:
+    """Creates ``path`` and checks that files can be written in it (local paths only)."""
+    if "://" in path:
+        return
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:
+        raise NotADirectoryError(
+            f"checkpoint directory {path!r} is a file. Give ciclo.checkpoint a directory."
+        ) from None
+    except OSError as error:
+        raise PermissionError(
+            f"cannot create checkpoint directory {path!r}: {error.strerror}. Give "
+            f"ciclo.checkpoint a directory you can write to."
+        ) from error
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".ciclo-write-test-"):
+            pass
+    except OSError as error:
+        raise PermissionError(
+            f"checkpoint directory {path!r} is not writable: {error.strerror}. Give "
+            f"ciclo.checkpoint a directory you can write to."
+        ) from error
+
+
+class Checkpoint(LoopCallbackBase):
+    """A loop callback that saves the run with orbax; made by :func:`checkpoint`.
+
+    It is path-like (``os.fspath(ckpt)`` is its directory), so it can be given where a
+    checkpoint directory is expected: ``loop(..., resume=ckpt)``, ``ciclo.restore(ckpt, ...)``.
+
+    Attributes:
+        directory: the absolute checkpoint directory.
+        monitor, mode, keep, async_save, save_on_end: as given to :func:`checkpoint`.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        keep: int | None = 2,
+        monitor: str | None = None,
+        mode: str = "min",
+        async_save: bool = True,
+        save_on_end: bool = True,
+    ) -> None:
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+            raise ValueError(
+                f"checkpoint(keep={keep!r}): keep must be a positive int (how many "
+                f"checkpoints to keep) or None to keep all."
+            )
+        if mode not in _MODES:
+            raise ValueError(
+                f"checkpoint(mode={mode!r}): mode must be 'min' (lower {monitor or 'value'} "
+                f"is better) or 'max'."
+            )
+        if monitor is not None and (not isinstance(monitor, str) or not monitor):
+            raise TypeError(
+                f"checkpoint(monitor={monitor!r}): monitor must be the name of a log entry, "
+                f"e.g. 'loss' or 'metrics.accuracy'."
+            )
+        self.directory = _resume.checkpoint_path(directory)
+        self.keep, self.monitor, self.mode = keep, monitor, mode
+        self.async_save, self.save_on_end = async_save, save_on_end
+        _prepare_directory(self.directory)
+        self._manager: Any = None
+        self._last_step: int | None = None  # the last step saved (or found saved)
+        self._end_step: int | None = None  # saved at a loop's end, unasked: replaceable
+        self._loop: LoopState | None = None  # the loop checked for checkpoints of later steps
+        self._ended: LoopState | None = None  # a loop that ended: later saves are synchronous
+
+    def __repr__(self) -> str:
+        return f"checkpoint({self.directory!r}, keep={self.keep}, monitor={self.monitor!r})"
+
+    def __fspath__(self) -> str:
+        return self.directory
+
+    # --- the callback -------------------------------------------------------------------------
+    def default_schedule(self) -> Schedule:
+        """Spread with ``**`` into ``tasks``, a checkpoint saves every 10 minutes of loop time."""
+        return every(time=600)
+
+    def __loop_callback__(self, loop_state: LoopState) -> None:
+        self._raise_failed_save()
+        loop_state.at_step_end(self._save_at_step_end)
+
+    def on_epoch_end(self, state: Any, batch: Any, elapsed: Any, loop_state: LoopState) -> None:
+        """Saves at the end of each epoch (``train_loop`` registers it by name)."""
+        self.__loop_callback__(loop_state)
+
+    def __loop_end__(self, loop_state: LoopState, error: BaseException | None) -> None:
+        """At the loop's end: saves the final state (always after a stop signal or a
+        callback's stop, else when ``save_on_end``), then waits for the writes to finish,
+        raising if one failed. After an error, only waits."""
+        if error is not None:
+            self._wait_quietly(error)
+            return
+        stopped = loop_state.stop_reason is not None
+        if (stopped or self.save_on_end) and self._save(loop_state, monitored=False):
+            self._end_step = self._last_step
+        self._ended = loop_state
+        self.wait()
+        if stopped and self._last_step == loop_state.elapsed.steps:
+            loop_state.stop_reason = (
+                f"{loop_state.stop_reason} (checkpoint {self._last_step} saved in {self.directory})"
+            )
+
+    # --- saving -------------------------------------------------------------------------------
+    def _save_at_step_end(self, loop_state: LoopState) -> None:
+        self._save(loop_state, monitored=self.monitor is not None)
+
+    def _open(self) -> Any:
+        if self._manager is None:
+            import orbax.checkpoint as ocp
+            from orbax.checkpoint import checkpoint_managers as policies
+
+            best_fn = None
+            if self.monitor is None:
+                preservation: Any = policies.LatestN(n=self.keep)
+            else:
+                worst = math.inf if self.mode == "min" else -math.inf
+
+                def best_fn(metrics: Any) -> float:
+                    value = float(metrics["value"])
+                    return worst if math.isnan(value) else value
+
+                preservation = policies.AnyPreservationPolicy(
+                    [
+                        policies.LatestN(n=1),  # the latest is always kept, to resume from
+                        policies.BestN(
+                            get_metric_fn=best_fn,
+                            reverse=self.mode == "min",
+                            n=self.keep,
+                            keep_checkpoints_without_metrics=False,
+                        ),
+                    ]
+                )
+            options = ocp.CheckpointManagerOptions(
+                enable_async_checkpointing=self.async_save,
+                preservation_policy=preservation,
+                best_fn=best_fn,
+                best_mode=self.mode,
+                cleanup_tmp_directories=True,
+            )
+            self._manager = ocp.CheckpointManager(self.directory, options=options)
+        return self._manager
+
+    def _monitored_value(self, loop_state: LoopState) -> float:
+        assert self.monitor is not None
+        try:
+            value = loop_state.accumulated_logs.entry_value(self.monitor)
+        except KeyError as error:
+            logged = [f"{c}.{n}" for c, n, _ in loop_state.accumulated_logs.entries()]
+            raise KeyError(
+                f"ciclo.checkpoint(monitor={self.monitor!r}): no log entry {self.monitor!r} "
+                f"by step {loop_state.elapsed.steps} ({error.args[0]}). Logged entries: "
+                f"{logged}. Monitor an entry your callbacks log, and schedule the checkpoint "
+                f"where it is logged (e.g. after the evaluation)."
+            ) from None
+        value = _host.to_host(value)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"ciclo.checkpoint(monitor={self.monitor!r}): the entry is not a scalar "
+                f"({type(value).__name__} {getattr(value, 'shape', '')}); monitor a scalar."
+            ) from None
+
+    def _save(self, loop_state: LoopState, *, monitored: bool) -> bool:
+        """Saves ``loop_state`` as checkpoint ``elapsed.steps``; ``False`` if it exists.
+
+        A save asked for by the callback (from ``on_end`` in ``train_loop``, after the
+        evaluation) replaces the one the loop's end made at the same step unasked."""
+        step = loop_state.elapsed.steps
+        value = self._monitored_value(loop_state) if monitored else None
+        manager = self._open()
+        self.wait()  # orbax's save would wait for the previous one too; this names its error
+        if self._loop is not loop_state:
+            self._loop, self._end_step = loop_state, None
+            manager.reload()
+            later = [s for s in manager.all_steps() if s > step]
+            if later:
+                raise FileExistsError(
+                    f"checkpoint directory {self.directory!r} already holds checkpoints of "
+                    f"later steps {sorted(later)[:5]} than this run's step {step}: they come "
+                    f"from another run. Resume from them (resume=...), or use another "
+                    f"directory."
+                )
+        if step == self._last_step or step in manager.all_steps():
+            if self._ended is loop_state and step == self._end_step:
+                manager.delete(step)
+                self._end_step = None
+            else:
+                self._last_step = step
+                return False
+        import orbax.checkpoint as ocp
+
+        captured = _resume.capture(loop_state)
+        items: dict[str, Any] = {"meta": ocp.args.JsonSave(captured.meta)}
+        if captured.state is not None:
+            items["state"] = ocp.args.StandardSave(captured.state)
+        if captured.copies:
+            items["copies"] = ocp.args.StandardSave(captured.copies)
+        if captured.arrays:
+            items["arrays"] = ocp.args.StandardSave(captured.arrays)
+        metrics = None
+        if value is not None:
+            metrics = {"value": value, "monitor": self.monitor, "mode": self.mode}
+        manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
+        self._last_step = step
+        if not self.async_save or self._ended is loop_state:
+            self.wait()  # nothing would wait for a save after the loop's end
+        return True
+
+    # --- waiting and errors -------------------------------------------------------------------
+    def _raise_failed_save(self) -> None:
+        """Raises the error of a background save that failed; never blocks."""
+        manager = self._manager
+        if manager is not None and not manager.is_saving_in_progress():
+            self.wait()
+
+    def wait(self) -> None:
+        """Blocks until the checkpoints being written are on disk.
+
+        Raises:
+            RuntimeError: a background save failed (the checkpoint was not written).
+        """
+        if self._manager is None:
+            return
+        try:
+            self._manager.wait_until_finished()
+        except Exception as error:
+            raise RuntimeError(
+                f"ciclo.checkpoint: writing checkpoint {self._last_step} to "
+                f"{self.directory!r} failed in the background: {error!r}. The previous "
+                f"checkpoints are intact."
+            ) from error
+
+    def _wait_quietly(self, error: BaseException) -> None:
+        try:
+            self.wait()
+        except RuntimeError as failure:
+            error.add_note(str(failure))
+
+    def close(self) -> None:
+        """Waits for the writes to finish and releases orbax's resources."""
+        if self._manager is not None:
+            try:
+                self.wait()
+            finally:
+                self._manager.close()
+                self._manager = None
+
+    def all_steps(self) -> list[int]:
+        """The steps of the checkpoints in the directory, oldest first."""
+        return sorted(self._open().all_steps())
+
+
+def checkpoint(
+    directory: str | os.PathLike[str],
+    *,
+    keep: int | None = 2,
+    monitor: str | None = None,
+    mode: str = "min",
+    async_save: bool = True,
+    save_on_end: bool = True,
+) -> Checkpoint:
+    """A callback that saves the whole run with orbax-checkpoint, so that it can continue
+    exactly where it was (``loop(..., resume=directory)``) or be restored
+    (:func:`ciclo.restore`, :func:`ciclo.restore_best`).
+
+    Each checkpoint holds the state pytree (with its RNG keys), ``elapsed``, the history,
+    the state of every schedule and of every callback with ``state_dict()`` /
+    ``load_state_dict()`` (early stopping...), the loop's latest logs and the data
+    position. It is taken at the end of the step in which the callback fires, after every
+    callback of that step, and is named after the count of steps it holds
+    (``elapsed.steps``). Writing is atomic: a run killed while writing leaves the
+    previous checkpoints intact.
+
+    On resume, the batches the run had consumed are skipped, in the first way the dataset
+    allows: a dataset with ``state_dict()`` and ``load_state_dict(state)`` (the torchdata
+    ``StatefulDataLoader`` convention; a custom loader that can seek implements both, e.g.
+    ``{"batch": n}``, and starts its next ``iter()`` there) has its state saved and loaded
+    back, which also restores its shuffling exactly; a sequence (list, tuple, NumPy or JAX
+    array of batches) is resumed by index; any other iterable is iterated again and the
+    consumed batches dropped, so it must yield the same batches when re-created.
+
+    Use it under any schedule of ``ciclo.loop`` (``{ciclo.every(1000): ckpt}``; spread in
+    with ``**ckpt`` it saves every 10 minutes of loop time); in
+    ``train_loop(callbacks=[ckpt])`` it saves at the end of each epoch. It also saves
+    when the loop ends (after Ctrl-C or SIGTERM too, see ``loop(stop_signals=...)``).
+
+    Args:
+        directory: where to save; created if needed (local path or an orbax-supported URL
+            such as ``gs://...``). An unwritable directory is an error right away.
+        keep: how many checkpoints to keep (``None``: all). Without ``monitor``, the
+            latest ``keep``; with it, the best ``keep`` by the monitored value, plus the
+            latest (to resume from).
+        monitor: the log entry that ranks checkpoints (``"loss"``, ``"metrics.acc"``...),
+            read from the loop's latest logs; an error if it was never logged by the time
+            the checkpoint fires.
+        mode: ``"min"`` (lower is better) or ``"max"``.
+        async_save: write in the background: the loop only waits while arrays are copied
+            to host memory. A failed background write is raised at the callback's next
+            call or at the loop's end, never lost.
+        save_on_end: also save when the loop ends normally (a stop by a signal or by a
+            callback always saves).
+
+    Returns:
+        A :class:`Checkpoint` callback.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, numpy as np, tempfile
+        >>> ckpt = ciclo.checkpoint(tempfile.mkdtemp(), keep=1)
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_loss("loss", state.sum()), state + 1.0
+        >>> tasks = {ciclo.every(1): train_step, ciclo.every(2): ckpt}
+        >>> state, history, elapsed = ciclo.loop(jnp.zeros(2), [np.ones((1,))] * 3, tasks)
+        >>> ckpt.all_steps()
+        [3]
+        >>> state, history, elapsed = ciclo.loop(  # continues after the saved steps
+        ...     jnp.zeros(2), [np.ones((1,))] * 5, tasks, resume=ckpt)
+        >>> elapsed.steps, history.collect("loss")
+        (5, [0.0, 2.0, 4.0, 6.0, 8.0])
+    """
+    return Checkpoint(
+        directory,
+        keep=keep,
+        monitor=monitor,
+        mode=mode,
+        async_save=async_save,
+        save_on_end=save_on_end,
+    )
