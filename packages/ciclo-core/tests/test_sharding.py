@@ -367,3 +367,10 @@ def test_a_broken_metadata_entry_point_is_a_warning(monkeypatch):
     with pytest.warns(RuntimeWarning, match=r"reader 'broken' \(broken_adapter:register\) fail"):
         specs = ciclo.managed.partition_specs({"w": jnp.zeros(8)}, fsdp_axis="data")
     assert specs == {"w": P("data")}
+
+
+def test_a_rules_function_must_return_partition_specs():
+    with pytest.raises(
+        TypeError, match=r"the rules function gives dense1/kernel \('model',\), not"
+    ):
+        ciclo.managed.partition_specs(init_params(), lambda path, leaf: ("model",))

@@ -52,6 +52,8 @@ PartitionSpec = jax.sharding.PartitionSpec
 SpecReader = Callable[[Any], "PartitionSpec | None"]
 RuleFn = Callable[[str, Any], "PartitionSpec | None"]
 Rules = Sequence[tuple[str, Any]] | Mapping[str, Any] | RuleFn
+# Rules compiled: (path, leaf) -> (spec, where the spec comes from) | None.
+Matcher = Callable[[str, Any], "tuple[Any, str] | None"]
 
 _READERS: dict[type, SpecReader] = {}
 _ENTRY_POINTS = "ciclo.partition_metadata"
@@ -141,10 +143,9 @@ def key_path(path: Sequence[Any]) -> str:
 
     Example:
         >>> import ciclo, jax
-        >>> [path for path, _ in jax.tree_util.tree_flatten_with_path({"a": [0, 1]})[0]]
-        [(DictKey(key='a'), SequenceKey(idx=0)), (DictKey(key='a'), SequenceKey(idx=1))]
-        >>> ciclo.managed.key_path((jax.tree_util.DictKey("a"), jax.tree_util.SequenceKey(1)))
-        'a/1'
+        >>> (path, _), = jax.tree_util.tree_flatten_with_path({"dense": [0.0]})[0]
+        >>> ciclo.managed.key_path(path)
+        'dense/0'
     """
     parts = []
     for i, key in enumerate(path):
@@ -163,16 +164,16 @@ def key_path(path: Sequence[Any]) -> str:
     return "/".join(parts)
 
 
-def _as_rule_fn(rules: Rules | None, strategy: str) -> RuleFn:
-    """``rules`` as one function ``(path, leaf) -> (spec, description) | None``."""
+def _matcher(rules: Rules | None, strategy: str) -> Matcher:
+    """``rules`` as one function ``(path, leaf) -> (spec, where it comes from) | None``."""
     if rules is None:
         return lambda path, leaf: None
     if callable(rules):
         fn = rules
 
-        def by_function(path: str, leaf: Any) -> Any:
+        def by_function(path: str, leaf: Any) -> tuple[Any, str] | None:
             spec = fn(path, leaf)
-            return None if spec is None else (spec, f"the rules function at {path!r}")
+            return None if spec is None else (spec, "the rules function")
 
         return by_function
     pairs = list(rules.items()) if isinstance(rules, Mapping) else list(rules)
@@ -198,7 +199,7 @@ def _as_rule_fn(rules: Rules | None, strategy: str) -> RuleFn:
                 f"{strategy}: rule {pattern!r} is not a valid regex: {error}"
             ) from None
 
-    def by_rules(path: str, leaf: Any) -> Any:
+    def by_rules(path: str, leaf: Any) -> tuple[Any, str] | None:
         for regex, spec in compiled:
             if regex.search(path):
                 return spec, f"rule {regex.pattern!r}"
@@ -290,12 +291,12 @@ def partition_specs(
         {'dense': {'bias': P(), 'kernel': P(None, 'data')}}
     """
     mesh = data_mesh(strategy, mesh, "data") if mesh is None else mesh
-    return _partition_specs(tree, _as_rule_fn(rules, strategy), mesh, fsdp_axis, strategy)
+    return _partition_specs(tree, _matcher(rules, strategy), mesh, fsdp_axis, strategy)
 
 
 def _partition_specs(
     tree: Any,
-    rule_fn: RuleFn,
+    match: Matcher,
     mesh: jax.sharding.Mesh,
     fsdp_axis: str | tuple[str, ...] | None,
     strategy: str,
@@ -323,7 +324,7 @@ def _partition_specs(
         for leaf in inner:
             specs.append(
                 _leaf_spec(
-                    name, leaf, rule_fn, annotated, mesh, fsdp_axis, fsdp_size, lenient, strategy
+                    name, leaf, match, annotated, mesh, fsdp_axis, fsdp_size, lenient, strategy
                 )
             )
     if len(specs) != len(leaves):  # an annotated node flattened differently: a reader bug
@@ -334,7 +335,7 @@ def _partition_specs(
 def _leaf_spec(
     name: str,
     leaf: Any,
-    rule_fn: RuleFn,
+    match: Matcher,
     annotated: PartitionSpec | None,
     mesh: jax.sharding.Mesh,
     fsdp_axis: str | tuple[str, ...] | None,
@@ -346,7 +347,7 @@ def _leaf_spec(
     dtype = getattr(leaf, "dtype", None)
     if not shape or (dtype is not None and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)):
         return cast(PartitionSpec, _spec())
-    found: Any = rule_fn(name, leaf)
+    found = match(name, leaf)
     if found is None and annotated is not None:
         found = (annotated, "its partitioning metadata")
     entries: list[Any] = [None] * len(shape)
@@ -470,12 +471,12 @@ def _sharded(
 
     steps_per_call, accumulate_steps = _counts(name, steps_per_call, accumulate_steps)
     mesh = data_mesh(name, mesh, axis)
-    rule_fn = _as_rule_fn(rules, name)  # checks the rules now, not at the first step
+    match = _matcher(rules, name)  # checks the rules now, not at the first step
     replicated = NamedSharding(mesh, _spec())
     fsdp_axis = axis if fsdp else None
 
     def shardings_of(state: Any) -> Any:
-        specs = _partition_specs(state, rule_fn, mesh, fsdp_axis, name)
+        specs = _partition_specs(state, match, mesh, fsdp_axis, name)
         return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs)
 
     def place_state(state: Any) -> Any:
