@@ -370,7 +370,5 @@ def test_a_broken_metadata_entry_point_is_a_warning(monkeypatch):
 
 
 def test_a_rules_function_must_return_partition_specs():
-    with pytest.raises(
-        TypeError, match=r"the rules function gives dense1/bias \('model',\), not"
-    ):
+    with pytest.raises(TypeError, match=r"the rules function gives dense1/bias \('model',\), not"):
         ciclo.managed.partition_specs(init_params(), lambda path, leaf: ("model",))

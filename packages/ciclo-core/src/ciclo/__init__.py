@@ -4,6 +4,7 @@ Thread one pytree ``state`` through a loop over a dataset; a dict maps *schedule
 to *callbacks* (what). See https://github.com/ciclo-jax/ciclo for the guide.
 """
 
+from . import adapters as adapters
 from . import managed as managed
 from ._callback import Callback as Callback
 from ._callback import LoopCallback as LoopCallback
@@ -11,6 +12,11 @@ from ._callback import LoopCallbackBase as LoopCallbackBase
 from ._callback import LoopState as LoopState
 from ._checkpoint import Checkpoint as Checkpoint
 from ._checkpoint import checkpoint as checkpoint
+from ._discovery import create_equinox_state as create_equinox_state
+from ._discovery import create_flax_state as create_flax_state
+from ._discovery import create_haiku_state as create_haiku_state
+from ._discovery import create_nnx_state as create_nnx_state
+from ._discovery import create_state as create_state
 from ._early_stopping import early_stopping as early_stopping
 from ._early_stopping import terminate_on_nan as terminate_on_nan
 from ._elapsed import Elapsed as Elapsed

@@ -452,7 +452,7 @@ class _BoundStep:
         self.__qualname__ = f"{type(instance).__name__}.{step.__name__}"
 
     def __call__(
-        self, batch: Any, broadcasts: Any = None, statics: Hashable = None
+        self, batch: Any = None, broadcasts: Any = None, statics: Hashable = None
     ) -> tuple[Logs, Any]:
         return self.step(self.instance, batch, broadcasts, statics)
 

@@ -1,7 +1,18 @@
-"""ciclo adapter for flax (in progress)."""
+"""ciclo adapter for Flax: Linen modules (:func:`create_state`) and NNX models
+(:func:`create_nnx_state`) as ciclo states with ``train_step``, ``test_step``,
+``predict_step`` and ``reset_step``.
 
-from ._partitioning import register as _register_partition_metadata
+Example:
+    >>> import ciclo_flax
+    >>> ciclo_flax.adapter.name
+    'flax'
+"""
 
-_register_partition_metadata()
+from . import _partitioning as _partitioning  # registers Flax's partitioning metadata
+from ._adapter import adapter as adapter
+from ._linen import FlaxState as FlaxState
+from ._linen import create_state as create_state
+from ._nnx import NNXState as NNXState
+from ._nnx import create_nnx_state as create_nnx_state
 
 __version__ = "0.1.0"

@@ -51,3 +51,6 @@ def register() -> None:
 
     ciclo.managed.register_partition_metadata(meta.Partitioned, _linen_spec)
     ciclo.managed.register_partition_metadata(nnx.Variable, _nnx_spec)
+
+
+register()  # on import of ciclo_flax

@@ -1,0 +1,656 @@
+"""The adapter contract: what every framework adapter shares, written once.
+
+An adapter (``ciclo-flax``, ``ciclo-haiku``, ``ciclo-equinox``, or a third party's) is:
+
+- a subclass of :class:`AdapterState` that implements one hook, :meth:`AdapterState.apply`
+  (run the model on a batch's inputs);
+- a ``create_state(...)`` factory that builds the model's parameters and calls
+  :meth:`AdapterState.create`;
+- an :class:`Adapter` record registered under the ``ciclo.adapters`` entry-point group.
+
+Everything else (batch unpacking, losses, metrics, sample weights, RNG, strategies, the
+``train_step``/``test_step``/``predict_step``/``reset_step`` methods) lives here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NamedTuple, TypeVar
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from ._logs import Logs
+from ._managed import ManagedState, step, train_step
+from ._strategies import Strategy
+
+__all__ = [
+    "Adapter",
+    "AdapterState",
+    "Batch",
+    "BatchFormat",
+    "FunctionState",
+    "Static",
+    "StatefulMetric",
+    "as_key",
+    "is_stateful_metric",
+    "mean_metric",
+    "reduce_values",
+]
+
+S = TypeVar("S", bound="AdapterState")
+
+#: ``fn(preds, targets) -> scalar or per-example values``.
+LossFn = Callable[[Any, Any], Any]
+
+
+class StatefulMetric(NamedTuple):
+    """A metric that is not a per-batch mean: four pure functions, like an optax transform.
+
+    The metric's state is a pytree of arrays kept in ``state.metric_states[name]``; train and
+    test steps update it, ``reset_step`` puts it back to ``init()``, and every step logs
+    ``compute(metric_state)`` under ``logs.stateful_metrics[name]`` (the value so far).
+
+    Attributes:
+        init: ``() -> metric_state``, the empty state.
+        update: ``(metric_state, preds, targets, sample_weight) -> metric_state``, adds a
+            batch (``sample_weight`` is ``None`` or one weight per example).
+        merge: ``(metric_state, metric_state) -> metric_state``, combines the states of two
+            disjoint sets of batches (other devices, hosts or evaluation shards).
+        compute: ``metric_state -> value``, the metric of everything seen.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp
+        >>> largest_error = ciclo.adapters.StatefulMetric(
+        ...     init=lambda: jnp.zeros(()),
+        ...     update=lambda m, preds, targets, w: jnp.maximum(m, jnp.abs(preds - targets).max()),
+        ...     merge=jnp.maximum,
+        ...     compute=lambda m: m,
+        ... )
+        >>> m = largest_error.init()
+        >>> m = largest_error.update(m, jnp.array([1.0, 4.0]), jnp.zeros(2), None)
+        >>> float(largest_error.compute(m))
+        4.0
+    """
+
+    init: Callable[[], Any]
+    update: Callable[[Any, Any, Any, Any], Any]
+    merge: Callable[[Any, Any], Any]
+    compute: Callable[[Any], Any]
+
+
+def is_stateful_metric(metric: Any) -> bool:
+    """Whether ``metric`` follows the :class:`StatefulMetric` protocol (has callable
+    ``init``, ``update``, ``merge`` and ``compute``)."""
+    return all(callable(getattr(metric, name, None)) for name in StatefulMetric._fields)
+
+
+def mean_metric(fn: Callable[[Any, Any], Any]) -> StatefulMetric:
+    """A :class:`StatefulMetric` that is the exact sample-weighted mean of ``fn(preds, targets)``
+    (per-example values) over every batch seen, however the batches are sized or weighted.
+
+    Plain metric functions are logged per batch and averaged by the test loop weighted by
+    batch size; use this when batches carry sample weights and you want the exact weighted
+    mean of the whole evaluation.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp
+        >>> accuracy = ciclo.adapters.mean_metric(lambda p, t: p.argmax(-1) == t)
+        >>> m = accuracy.update(accuracy.init(), jnp.eye(2), jnp.array([0, 0]), None)
+        >>> float(accuracy.compute(m))
+        0.5
+    """
+
+    def init() -> tuple[jax.Array, jax.Array]:
+        return jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32)
+
+    def update(
+        metric_state: tuple[jax.Array, jax.Array], preds: Any, targets: Any, sample_weight: Any
+    ) -> tuple[jax.Array, jax.Array]:
+        values = _per_example(jnp.asarray(fn(preds, targets)), "metric", _name(fn))
+        weights = (
+            jnp.ones_like(values)
+            if sample_weight is None
+            else _checked_weights(sample_weight, values, "metric", _name(fn))
+        )
+        total, count = metric_state
+        return total + jnp.sum(values * weights), count + jnp.sum(weights)
+
+    def merge(
+        a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]
+    ) -> tuple[jax.Array, jax.Array]:
+        return a[0] + b[0], a[1] + b[1]
+
+    def compute(metric_state: tuple[jax.Array, jax.Array]) -> jax.Array:
+        total, count = metric_state
+        return jnp.where(count > 0, total / jnp.where(count > 0, count, 1.0), 0.0)
+
+    return StatefulMetric(init, update, merge, compute)
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+# --- batches -------------------------------------------------------------------------------
+
+
+class Batch(NamedTuple):
+    """A batch unpacked by :meth:`BatchFormat.unpack`."""
+
+    inputs: Any
+    targets: Any = None
+    sample_weight: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchFormat:
+    """How batches are read: tuples ``(inputs, targets)`` / ``(inputs, targets,
+    sample_weight)``, or mappings with these keys.
+
+    Attributes:
+        inputs_key: the mapping key of the model inputs; a tuple of keys passes a dict of
+            those entries to the model.
+        targets_key: the mapping key of the targets.
+        sample_weight_key: the mapping key of the per-example weights (optional in a batch).
+    """
+
+    inputs_key: str | tuple[str, ...] = "inputs"
+    targets_key: str = "targets"
+    sample_weight_key: str = "sample_weight"
+
+    def unpack(self, batch: Any, *, step: str, targets: bool = True) -> Batch:
+        """Splits ``batch`` into :class:`Batch` ``(inputs, targets, sample_weight)``.
+
+        Args:
+            batch: the batch given to a step.
+            step: the step's name, for error messages.
+            targets: whether the step needs targets. Without (``predict_step``), a batch
+                that is neither a tuple nor a mapping is the inputs itself, and targets in
+                a tuple or mapping are ignored.
+        """
+        if isinstance(batch, Mapping):
+            return self._unpack_mapping(batch, step=step, targets=targets)
+        if isinstance(batch, tuple | list):
+            if not targets and len(batch) in (1, 2, 3):
+                return Batch(batch[0])
+            if len(batch) == 2:
+                return Batch(batch[0], batch[1])
+            if len(batch) == 3:
+                return Batch(batch[0], batch[1], batch[2])
+            raise ValueError(
+                f"{step}: a batch tuple must be (inputs, targets) or (inputs, targets, "
+                f"sample_weight), got a {type(batch).__name__} of {len(batch)} items. To give "
+                f"the model several inputs, nest them: ((x1, x2), targets)."
+            )
+        if not targets:
+            return Batch(batch)
+        raise TypeError(
+            f"{step}: cannot find inputs and targets in a batch of type "
+            f"{type(batch).__name__}. Give (inputs, targets), (inputs, targets, "
+            f"sample_weight), or a dict with keys {self._keys_text()} (choose the keys with "
+            f"create_state(..., inputs_key=..., targets_key=...))."
+        )
+
+    def _unpack_mapping(self, batch: Mapping[str, Any], *, step: str, targets: bool) -> Batch:
+        input_keys = (self.inputs_key,) if isinstance(self.inputs_key, str) else self.inputs_key
+        wanted = [*input_keys, self.targets_key] if targets else list(input_keys)
+        missing = [key for key in wanted if key not in batch]
+        if missing:
+            raise KeyError(
+                f"{step}: the batch has keys {sorted(batch)} but not {missing}. Name the keys "
+                f"when creating the state: create_state(..., inputs_key=..., "
+                f"targets_key=...) (now {self._keys_text()})."
+            )
+        if isinstance(self.inputs_key, str):
+            inputs = batch[self.inputs_key]
+        else:
+            inputs = {key: batch[key] for key in self.inputs_key}
+        if not targets:
+            return Batch(inputs)
+        return Batch(inputs, batch[self.targets_key], batch.get(self.sample_weight_key))
+
+    def _keys_text(self) -> str:
+        return (
+            f"inputs_key={self.inputs_key!r}, targets_key={self.targets_key!r}, "
+            f"sample_weight_key={self.sample_weight_key!r}"
+        )
+
+
+# --- reductions ----------------------------------------------------------------------------
+
+
+def _per_example(values: jax.Array, kind: str, name: str) -> jax.Array:
+    if values.ndim == 0:
+        raise ValueError(
+            f"{kind} {name!r} returned a scalar, so the batch's sample weights cannot be "
+            f"applied to it. Return one value per example (shape (batch,)), e.g. "
+            f"optax.softmax_cross_entropy_with_integer_labels(logits, labels) without .mean()."
+        )
+    dtype = jnp.promote_types(values.dtype, jnp.float32)
+    if not jnp.issubdtype(values.dtype, jnp.floating):
+        dtype = jnp.dtype(jnp.float32)
+    if values.dtype != dtype:
+        values = values.astype(dtype)
+    if values.ndim == 1:
+        return values
+    return values.reshape(values.shape[0], -1).mean(axis=1)
+
+
+def _checked_weights(sample_weight: Any, values: jax.Array, kind: str, name: str) -> jax.Array:
+    weights = jnp.asarray(sample_weight)
+    if weights.shape != values.shape:
+        raise ValueError(
+            f"{kind} {name!r}: sample_weight has shape {weights.shape}, but the {kind} has "
+            f"{values.shape[0]} per-example values; give one weight per example, shape "
+            f"({values.shape[0]},)."
+        )
+    return weights.astype(values.dtype)
+
+
+def reduce_values(values: Any, sample_weight: Any = None, *, kind: str, name: str) -> jax.Array:
+    """Reduces a loss's or metric's output to a scalar.
+
+    A scalar is returned as is (it cannot take sample weights: that is an error). Per-example
+    values (leading axis = batch; trailing axes are averaged first) give their mean, or
+    with ``sample_weight`` their weighted mean ``sum(w * v) / sum(w)`` (``0`` when all
+    weights are zero).
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp
+        >>> v = jnp.array([1.0, 3.0])
+        >>> float(ciclo.adapters.reduce_values(v, jnp.array([1.0, 0.0]), kind="loss", name="l"))
+        1.0
+    """
+    values = jnp.asarray(values)
+    if values.ndim == 0 and sample_weight is None:
+        scalar: jax.Array = values.astype(jnp.promote_types(values.dtype, jnp.float32))
+        return scalar
+    per_example = _per_example(values, kind, name)
+    if sample_weight is None:
+        return per_example.mean()
+    weights = _checked_weights(sample_weight, per_example, kind, name)
+    total = jnp.sum(weights)
+    safe_total = jnp.where(total > 0, total, jnp.ones_like(total))
+    mean: jax.Array = jnp.where(total > 0, jnp.sum(weights * per_example) / safe_total, 0.0)
+    return mean
+
+
+# --- static, hashable configuration --------------------------------------------------------
+
+
+class Static:
+    """Holds a value for a static field of a state: hashed once (a jitted step hashes its
+    static fields at every call), compared by identity first, then by value.
+
+    A value that is not hashable (a Flax module with list attributes...) is compared by
+    identity only.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.adapters.Static([1, 2]) == ciclo.adapters.Static([1, 2])  # unhashable
+        False
+        >>> ciclo.adapters.Static((1, 2)) == ciclo.adapters.Static((1, 2))
+        True
+    """
+
+    __slots__ = ("_hash", "hashable", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        try:
+            self._hash = hash(value)
+            self.hashable = True
+        except TypeError:
+            self._hash = id(value)
+            self.hashable = False
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Static):
+            return NotImplemented
+        if self.value is other.value:
+            return True
+        return (
+            self.hashable
+            and other.hashable
+            and self._hash == other._hash
+            and bool(self.value == other.value)
+        )
+
+    def __repr__(self) -> str:
+        return f"Static({self.value!r})"
+
+
+class _NamedFunctions(Mapping[str, Any]):
+    """An immutable, hashable ``{name: function}`` (a static field of a jitted state)."""
+
+    __slots__ = ("_hash", "_items")
+
+    def __init__(self, items: Mapping[str, Any]) -> None:
+        self._items = dict(items)
+        self._hash = hash(tuple(self._items.items()))
+
+    def __getitem__(self, name: str) -> Any:
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if isinstance(other, _NamedFunctions):
+            return self._hash == other._hash and self._items == other._items
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(self._items)
+
+
+def _named_functions(value: Any, what: str, *, stateful: bool) -> _NamedFunctions:
+    example = (
+        "losses={'loss': optax.softmax_cross_entropy_with_integer_labels}"
+        if what == "losses"
+        else "metrics={'accuracy': lambda logits, labels: logits.argmax(-1) == labels}"
+    )
+    if value is None:
+        return _NamedFunctions({})
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"{what} must be a dict {{name: fn(preds, targets)}}, got "
+            f"{type(value).__name__}. Example: {example}."
+        )
+    for name, fn in value.items():
+        if not isinstance(name, str):
+            raise TypeError(f"{what}: names must be strings, got {name!r}. Example: {example}.")
+        if stateful and is_stateful_metric(fn):
+            continue
+        if not callable(fn):
+            kinds = (
+                "fn(preds, targets) or a ciclo.adapters.StatefulMetric"
+                if stateful
+                else ("fn(preds, targets)")
+            )
+            raise TypeError(f"{what}[{name!r}] must be {kinds}, got {fn!r}. Example: {example}.")
+    return _NamedFunctions(value)
+
+
+def as_key(key: jax.Array | int | None) -> jax.Array:
+    """An RNG key from a key, an int seed, or ``None`` (seed 0).
+
+    Example:
+        >>> import ciclo, jax
+        >>> bool((jax.random.key_data(ciclo.adapters.as_key(None))
+        ...       == jax.random.key_data(jax.random.key(0))).all())
+        True
+    """
+    if key is None:
+        return jax.random.key(0)
+    if isinstance(key, int):
+        return jax.random.key(key)
+    return key
+
+
+#: Field metadata marking a static (non-array, hashable) field of a state.
+STATIC = {"static": True}
+
+
+# --- the state -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdapterState(ManagedState):
+    """The base of every adapter's state: a :class:`~ciclo.managed.ManagedState` whose
+    ``train_step``, ``test_step``, ``predict_step`` and ``reset_step`` are written once here.
+
+    An adapter subclasses it (as a ``@dataclasses.dataclass(frozen=True, kw_only=True)``,
+    static fields marked ``metadata={"static": True}``) and implements :meth:`apply`.
+
+    Fields (beyond ``step``, ``params``, ``opt_state``, ``key``, ``tx``, ``strategy``):
+        model_state: the model's mutable, non-trainable state (batch-norm statistics...),
+            updated by ``train_step`` and frozen in ``test_step``/``predict_step``.
+        metric_states: the states of stateful metrics, by name.
+        losses, metrics: ``{name: fn(preds, targets)}`` (static).
+        batch_format: how batches are unpacked (static).
+
+    Steps (each works as ``logs, state = state.train_step(batch)`` and as a loop callback):
+        train_step: losses (reduced with sample weights) summed into the objective,
+            optimizer applied, ``model_state`` updated; logs losses, metrics and stateful
+            metrics.
+        test_step: the same logs without gradients; ``model_state`` frozen.
+        predict_step: logs the model's predictions as ``logs.outputs.predictions``.
+        reset_step: puts stateful metrics back to their initial state.
+    """
+
+    model_state: Any = None
+    metric_states: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    losses: Mapping[str, LossFn] = dataclasses.field(default=_NamedFunctions({}), metadata=STATIC)
+    metrics: Mapping[str, Any] = dataclasses.field(default=_NamedFunctions({}), metadata=STATIC)
+    batch_format: BatchFormat = dataclasses.field(default=BatchFormat(), metadata=STATIC)
+
+    # --- the hook ------------------------------------------------------------------------
+    def apply(
+        self, params: Any, model_state: Any, inputs: Any, *, training: bool, key: jax.Array | None
+    ) -> tuple[Any, Any]:
+        """Runs the model: the one method an adapter implements.
+
+        Args:
+            params: the trainable parameters (``state.params``, or values being
+                differentiated).
+            model_state: the mutable model state (``state.model_state``).
+            inputs: the batch's inputs.
+            training: ``True`` in ``train_step`` (dropout on, batch statistics used and
+                updated), ``False`` otherwise.
+            key: an RNG key for this step (``None`` if the state has no key).
+
+        Returns:
+            ``(predictions, new_model_state)``; in evaluation the new model state is
+            ignored.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement apply(self, params, model_state, inputs, *, "
+            f"training, key) -> (predictions, new_model_state)."
+        )
+
+    # --- building ------------------------------------------------------------------------
+    @classmethod
+    def create(  # type: ignore[override]
+        cls: type[S],
+        *,
+        params: Any,
+        tx: optax.GradientTransformation | None,
+        losses: Mapping[str, LossFn] | None,
+        metrics: Mapping[str, Any] | None = None,
+        model_state: Any = None,
+        key: jax.Array | int | None = None,
+        strategy: str | Strategy = "jit",
+        inputs_key: str | tuple[str, ...] = "inputs",
+        targets_key: str = "targets",
+        sample_weight_key: str = "sample_weight",
+        **fields: Any,
+    ) -> S:
+        """Builds an adapter state (adapters' ``create_state`` factories end here).
+
+        Args:
+            params: the trainable parameters.
+            tx: an optax optimizer (``None`` for a state only evaluated or used to predict).
+            losses: ``{name: fn(preds, targets)}``, each returning a scalar or per-example
+                values (optax losses work as they are); their sum is the objective.
+            metrics: ``{name: fn(preds, targets)}`` like losses, or
+                :class:`StatefulMetric` objects for metrics that are not means.
+            model_state: the model's mutable state (``None`` if it has none).
+            key: an RNG key or int seed for dropout and other randomness (``None``: seed 0).
+            strategy: ``"jit"`` (default), ``"eager"``, ``"data-parallel"``... or a Strategy.
+            inputs_key, targets_key, sample_weight_key: the keys of mapping batches.
+            **fields: the subclass's own fields (the model, its static parts...).
+        """
+        losses = _named_functions(losses, "losses", stateful=False)
+        metrics = _named_functions(metrics, "metrics", stateful=True)
+        for name in losses:
+            if name in metrics:
+                raise ValueError(
+                    f"{name!r} is both a loss and a metric; give them different names (a "
+                    f"loss is logged anyway)."
+                )
+        metric_states = {name: m.init() for name, m in metrics.items() if is_stateful_metric(m)}
+        return super().create(
+            params=params,
+            tx=tx,
+            strategy=strategy,
+            key=as_key(key),
+            model_state=model_state,
+            metric_states=metric_states,
+            losses=losses,
+            metrics=metrics,
+            batch_format=BatchFormat(inputs_key, targets_key, sample_weight_key),
+            **fields,
+        )
+
+    # --- shared step logic ---------------------------------------------------------------
+    def _step_key(self) -> jax.Array | None:
+        return None if self.key is None else self.step_key()
+
+    def _evaluate(self: S, batch: Batch, *, training: bool) -> tuple[Logs, S]:
+        preds, model_state = self.apply(
+            self.params, self.model_state, batch.inputs, training=training, key=self._step_key()
+        )
+        logs = Logs()
+        w = batch.sample_weight
+        for name, fn in self.losses.items():
+            logs.add_loss(name, reduce_values(fn(preds, batch.targets), w, kind="loss", name=name))
+        metric_states = dict(self.metric_states)
+        for name, metric in self.metrics.items():
+            if is_stateful_metric(metric):
+                metric_states[name] = metric.update(metric_states[name], preds, batch.targets, w)
+                logs.add_stateful_metric(name, metric.compute(metric_states[name]))
+            else:
+                value = metric(preds, batch.targets)
+                logs.add_metric(name, reduce_values(value, w, kind="metric", name=name))
+        changes: dict[str, Any] = {"metric_states": metric_states}
+        if training:
+            changes["model_state"] = model_state
+        return logs, self.replace(**changes)
+
+    def _require_losses(self, step_name: str) -> None:
+        if not self.losses:
+            raise ValueError(
+                f"{type(self).__name__}.{step_name} needs losses to differentiate; create the "
+                f"state with losses={{'loss': fn(preds, targets)}}, e.g. "
+                f"losses={{'loss': optax.softmax_cross_entropy_with_integer_labels}}."
+            )
+
+    @train_step
+    def train_step(self: S, batch: Any) -> tuple[Logs, S]:
+        """One optimization step on ``batch``; returns ``(logs, new_state)``."""
+        self._require_losses("train_step")
+        unpacked = self.batch_format.unpack(batch, step=f"{type(self).__name__}.train_step")
+        return self._evaluate(unpacked, training=True)
+
+    @step
+    def test_step(self: S, batch: Any) -> tuple[Logs, S]:
+        """Losses and metrics on ``batch`` in evaluation mode; returns ``(logs, state)``
+        (only stateful metrics change)."""
+        unpacked = self.batch_format.unpack(batch, step=f"{type(self).__name__}.test_step")
+        return self._evaluate(unpacked, training=False)
+
+    @step
+    def predict_step(self: S, batch: Any) -> tuple[Logs, S]:
+        """The model's predictions on ``batch`` (inputs alone, or a training batch whose
+        targets are ignored) as ``logs.outputs.predictions``; the state is unchanged."""
+        unpacked = self.batch_format.unpack(
+            batch, step=f"{type(self).__name__}.predict_step", targets=False
+        )
+        preds, _ = self.apply(
+            self.params, self.model_state, unpacked.inputs, training=False, key=self._step_key()
+        )
+        return Logs().add_output("predictions", preds), self
+
+    @step
+    def reset_step(self: S, batch: Any = None) -> tuple[Logs, S]:
+        """Puts every stateful metric back to its ``init()`` state."""
+        metric_states = {name: self.metrics[name].init() for name in self.metric_states}
+        return Logs(), self.replace(metric_states=metric_states)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FunctionState(AdapterState):
+    """The reference adapter: a model that is a plain function
+    ``apply_fn(params, model_state, inputs, *, training, key) -> (preds, new_model_state)``.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, optax
+        >>> def apply_fn(params, model_state, x, *, training, key):
+        ...     return x @ params["w"], model_state
+        >>> state = ciclo.adapters.FunctionState.create(
+        ...     apply_fn=apply_fn, params={"w": jnp.zeros((3, 2))}, tx=optax.sgd(0.1),
+        ...     losses={"loss": optax.softmax_cross_entropy_with_integer_labels},
+        ... )
+        >>> logs, state = state.train_step((jnp.ones((4, 3)), jnp.zeros(4, jnp.int32)))
+        >>> int(state.step)
+        1
+    """
+
+    apply_fn: Callable[..., tuple[Any, Any]] = dataclasses.field(
+        default=None,  # type: ignore[assignment]  # always given to create()
+        metadata=STATIC,
+    )
+
+    def apply(
+        self, params: Any, model_state: Any, inputs: Any, *, training: bool, key: jax.Array | None
+    ) -> tuple[Any, Any]:
+        return self.apply_fn(params, model_state, inputs, training=training, key=key)
+
+
+# --- the registration record ---------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Adapter:
+    """What an adapter package registers under the ``ciclo.adapters`` entry-point group.
+
+    The entry point's name is the import name of the framework (``flax``, ``haiku``,
+    ``equinox``): :func:`ciclo.create_state` only loads adapters whose framework is already
+    imported, so building a state never imports another framework.
+
+    Attributes:
+        name: the framework's import name (the entry point's name).
+        distribution: the adapter's pip name, for error messages (``"ciclo-flax"``).
+        handles: ``model -> bool``: whether :attr:`create_state` accepts this model.
+        create_state: ``create_state(model, ...)``, the factory :func:`ciclo.create_state`
+            forwards to.
+        factories: other public factories by name (``{"create_nnx_state": ...}``), found
+            by the lazy forwards of ``ciclo``.
+
+    Example (in ``my_adapter/__init__.py``, with ``[project.entry-points."ciclo.adapters"]
+    myframework = "my_adapter:adapter"`` in its ``pyproject.toml``)::
+
+        adapter = ciclo.adapters.Adapter(
+            name="myframework",
+            distribution="ciclo-myframework",
+            handles=lambda model: isinstance(model, myframework.Module),
+            create_state=create_state,
+        )
+    """
+
+    name: str
+    distribution: str
+    handles: Callable[[Any], bool]
+    create_state: Callable[..., Any]
+    factories: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)
+
+    def factory(self, name: str) -> Callable[..., Any] | None:
+        """The factory called ``name`` (``"create_state"`` or one of :attr:`factories`)."""
+        if name == "create_state":
+            return self.create_state
+        return self.factories.get(name)

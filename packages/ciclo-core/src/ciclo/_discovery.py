@@ -1,0 +1,233 @@
+"""Finding installed adapters (entry-point group ``ciclo.adapters``), lazily.
+
+Nothing here runs when ``ciclo`` is imported: adapters are looked up the first time a
+state is built through ``ciclo.create_state`` or a ``ciclo.create_*_state`` forward, and a
+broken adapter is reported then, never at import.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from typing import Any
+
+from ._adapter import Adapter
+
+__all__ = [
+    "AdapterNotInstalledError",
+    "AdapterLoadError",
+    "ENTRY_POINT_GROUP",
+    "adapter_for",
+    "create_equinox_state",
+    "create_flax_state",
+    "create_haiku_state",
+    "create_nnx_state",
+    "create_state",
+    "get_adapter",
+    "installed_adapters",
+]
+
+ENTRY_POINT_GROUP = "ciclo.adapters"
+
+#: The adapters ciclo knows by name, and the distribution that provides each.
+KNOWN_ADAPTERS = {"flax": "ciclo-flax", "haiku": "ciclo-haiku", "equinox": "ciclo-equinox"}
+
+
+class AdapterNotInstalledError(ImportError):
+    """No installed adapter has this name; the message says what to ``pip install``."""
+
+
+class AdapterLoadError(ImportError):
+    """An installed adapter failed to import; the cause is chained."""
+
+
+def _entry_points() -> Sequence[metadata.EntryPoint]:
+    """The entry points of the ``ciclo.adapters`` group (a seam for tests)."""
+    return list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+_LOADED: dict[str, Adapter] = {}
+
+
+def installed_adapters() -> list[str]:
+    """The names of the installed adapters (nothing is imported).
+
+    Example:
+        >>> import ciclo
+        >>> isinstance(ciclo.adapters.installed_adapters(), list)
+        True
+    """
+    return sorted({ep.name for ep in _entry_points()})
+
+
+def _install_hint(name: str) -> str:
+    distribution = KNOWN_ADAPTERS.get(name)
+    if distribution:
+        return f"pip install {distribution}"
+    return f"install the package that registers the {name!r} ciclo adapter"
+
+
+def get_adapter(name: str) -> Adapter:
+    """The installed adapter called ``name``, imported on first use.
+
+    Raises:
+        AdapterNotInstalledError: no installed adapter has this name (the message says
+            which ``pip install`` fixes it).
+        AdapterLoadError: the adapter is installed but failed to import.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.adapters.get_adapter("no-such-framework")
+        Traceback (most recent call last):
+        ...
+        ciclo._discovery.AdapterNotInstalledError: no ciclo adapter named ...
+    """
+    if name in _LOADED:
+        return _LOADED[name]
+    found = [ep for ep in _entry_points() if ep.name == name]
+    if not found:
+        raise AdapterNotInstalledError(
+            f"no ciclo adapter named {name!r} is installed (installed: "
+            f"{installed_adapters() or 'none'}). Fix: {_install_hint(name)}."
+        )
+    if len({ep.value for ep in found}) > 1:
+        raise AdapterLoadError(
+            f"several packages register the ciclo adapter {name!r}: "
+            f"{[_describe(ep) for ep in found]}; uninstall all but one."
+        )
+    entry_point = found[0]
+    try:
+        adapter = entry_point.load()
+    except Exception as error:
+        raise AdapterLoadError(
+            f"the ciclo adapter {name!r} ({_describe(entry_point)}) failed to import: "
+            f"{type(error).__name__}: {error}. Reinstall or upgrade it: "
+            f"{_install_hint(name).replace('pip install', 'pip install -U')}."
+        ) from error
+    if not isinstance(adapter, Adapter):
+        raise AdapterLoadError(
+            f"the ciclo adapter entry point {_describe(entry_point)} must point to a "
+            f"ciclo.adapters.Adapter, but it loads {type(adapter).__name__}. Point it at the "
+            f'record, e.g. {name} = "my_adapter:adapter".'
+        )
+    _LOADED[name] = adapter
+    return adapter
+
+
+def _describe(entry_point: metadata.EntryPoint) -> str:
+    dist = getattr(entry_point, "dist", None)
+    origin = f" from {dist.name} {dist.version}" if dist is not None else ""
+    return f"{entry_point.value}{origin}"
+
+
+def adapter_for(model: Any) -> Adapter:
+    """The installed adapter that handles ``model`` (by its type).
+
+    Adapters whose framework is already imported are asked first (a model of a framework
+    implies it is imported), so no other framework gets imported.
+
+    Raises:
+        TypeError: no installed adapter handles the model, or several do.
+    """
+    entry_names = installed_adapters()
+    imported = [n for n in entry_names if n.split(".")[0] in sys.modules]
+    others = [n for n in entry_names if n not in imported]
+    broken: dict[str, str] = {}
+    for group in (imported, others):
+        matches = []
+        for name in group:
+            try:
+                adapter = get_adapter(name)
+            except ImportError as error:
+                broken[name] = str(error)
+                continue
+            if adapter.handles(model):
+                matches.append(adapter)
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            raise TypeError(
+                f"several ciclo adapters handle a {type(model).__qualname__}: "
+                f"{[a.name for a in matches]}. Call the one you want directly, e.g. "
+                f"{matches[0].create_state.__module__}.create_state(...)."
+            )
+    text = f"installed adapters: {entry_names or 'none'}"
+    if broken:
+        text += "; failed to load: " + "; ".join(f"{n}: {e}" for n, e in broken.items())
+    raise TypeError(
+        f"ciclo.create_state cannot build a state for a {type(model).__module__}."
+        f"{type(model).__qualname__}: no installed ciclo adapter handles it ({text}). "
+        f"Install the adapter of your framework (pip install ciclo-flax, ciclo-haiku or "
+        f"ciclo-equinox), or build a ciclo.managed.ManagedState yourself."
+    )
+
+
+def create_state(model: Any, *args: Any, **kwargs: Any) -> Any:
+    """Builds the state of ``model`` with the adapter of its framework (picked by type).
+
+    The arguments are those of the adapter's ``create_state``, e.g. for a Flax Linen module
+    ``ciclo.create_state(module, sample_inputs, optax.adam(1e-3), losses={...})``.
+
+    Example::
+
+        state = ciclo.create_state(
+            CNN(), x[:1], optax.adam(1e-3),
+            losses={"loss": optax.softmax_cross_entropy_with_integer_labels},
+        )
+    """
+    return adapter_for(model).create_state(model, *args, **kwargs)
+
+
+def _forward(public: str, adapter_name: str, factory_name: str, args: Any, kwargs: Any) -> Any:
+    try:
+        adapter = get_adapter(adapter_name)
+    except AdapterNotInstalledError:
+        raise AdapterNotInstalledError(
+            f"ciclo.{public} needs the {adapter_name} adapter, which is not installed. "
+            f"Fix: {_install_hint(adapter_name)}."
+        ) from None
+    factory = adapter.factory(factory_name)
+    if factory is None:
+        raise AdapterLoadError(
+            f"ciclo.{public}: the installed {adapter.distribution} has no {factory_name}; "
+            f"upgrade it: pip install -U {adapter.distribution}."
+        )
+    return factory(*args, **kwargs)
+
+
+def create_flax_state(*args: Any, **kwargs: Any) -> Any:
+    """``ciclo_flax.create_state`` (Flax Linen), imported on first use.
+
+    Raises:
+        AdapterNotInstalledError: ``ciclo-flax`` is not installed (``pip install ciclo-flax``).
+    """
+    return _forward("create_flax_state", "flax", "create_state", args, kwargs)
+
+
+def create_nnx_state(*args: Any, **kwargs: Any) -> Any:
+    """``ciclo_flax.create_nnx_state`` (Flax NNX), imported on first use.
+
+    Raises:
+        AdapterNotInstalledError: ``ciclo-flax`` is not installed (``pip install ciclo-flax``).
+    """
+    return _forward("create_nnx_state", "flax", "create_nnx_state", args, kwargs)
+
+
+def create_haiku_state(*args: Any, **kwargs: Any) -> Any:
+    """``ciclo_haiku.create_state``, imported on first use.
+
+    Raises:
+        AdapterNotInstalledError: ``ciclo-haiku`` is not installed (``pip install ciclo-haiku``).
+    """
+    return _forward("create_haiku_state", "haiku", "create_state", args, kwargs)
+
+
+def create_equinox_state(*args: Any, **kwargs: Any) -> Any:
+    """``ciclo_equinox.create_state``, imported on first use.
+
+    Raises:
+        AdapterNotInstalledError: ``ciclo-equinox`` is not installed
+            (``pip install ciclo-equinox``).
+    """
+    return _forward("create_equinox_state", "equinox", "create_state", args, kwargs)

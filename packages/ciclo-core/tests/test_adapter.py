@@ -1,0 +1,275 @@
+"""The adapter contract in core: batches, losses, metrics and the generic steps, exercised
+with the reference adapter ``FunctionState`` (no framework needed)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import ciclo
+from ciclo.adapters import BatchFormat, FunctionState, StatefulMetric, mean_metric, reduce_values
+
+CE = optax.softmax_cross_entropy_with_integer_labels
+
+
+def linear(params, model_state, x, *, training, key):
+    """A linear model whose model_state counts training calls (like batch-norm statistics)."""
+    count = model_state["count"] + 1 if training else model_state["count"]
+    return x @ params["w"], {"count": count}
+
+
+def accuracy(logits, labels):
+    return logits.argmax(-1) == labels
+
+
+def make_state(**kwargs):
+    options = {
+        "apply_fn": linear,
+        "params": {"w": jnp.zeros((3, 2))},
+        "model_state": {"count": jnp.zeros((), jnp.int32)},
+        "tx": optax.sgd(0.1),
+        "losses": {"loss": CE},
+        "metrics": {"accuracy": accuracy},
+    }
+    options.update(kwargs)
+    return FunctionState.create(**options)
+
+
+X = jnp.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
+Y = jnp.array([0, 1, 1, 0])
+
+
+# --- batches -------------------------------------------------------------------------------
+
+
+def test_batch_format_unpacks_tuples_and_mappings():
+    fmt = BatchFormat()
+    assert fmt.unpack((1, 2), step="s") == (1, 2, None)
+    assert fmt.unpack([1, 2, 3], step="s") == (1, 2, 3)
+    assert fmt.unpack({"inputs": 1, "targets": 2}, step="s") == (1, 2, None)
+    custom = BatchFormat(inputs_key=("image", "mask"), targets_key="label", sample_weight_key="w")
+    assert custom.unpack({"image": 1, "mask": 0, "label": 2, "w": 3}, step="s") == (
+        {"image": 1, "mask": 0},
+        2,
+        3,
+    )
+
+
+def test_batch_format_for_prediction_takes_inputs_alone():
+    fmt = BatchFormat(inputs_key="x")
+    assert fmt.unpack(7, step="s", targets=False) == (7, None, None)
+    assert fmt.unpack((7, 8), step="s", targets=False) == (7, None, None)
+    assert fmt.unpack({"x": 7}, step="s", targets=False) == (7, None, None)
+
+
+def test_batch_format_errors_name_the_step_and_the_fix():
+    fmt = BatchFormat()
+    with pytest.raises(ValueError, match=r"train_step: a batch tuple must be .* got a tuple of 4"):
+        fmt.unpack((1, 2, 3, 4), step="train_step")
+    with pytest.raises(TypeError, match=r"test_step: cannot find inputs and targets .* int"):
+        fmt.unpack(5, step="test_step")
+    with pytest.raises(KeyError, match=r"has keys \['image', 'label'\] but not \['inputs', 'targ"):
+        fmt.unpack({"image": 1, "label": 2}, step="train_step")
+
+
+def test_mapping_batches_with_keys_chosen_at_create():
+    state = make_state(inputs_key="image", targets_key="label")
+    _, new = state.train_step({"image": X, "label": Y})
+    assert int(new.step) == 1
+    with pytest.raises(KeyError, match=r"inputs_key='image'"):
+        state.train_step({"inputs": X, "targets": Y})
+
+
+# --- reductions ----------------------------------------------------------------------------
+
+
+def test_reduce_values_means_and_weighted_means():
+    v = jnp.array([1.0, 2.0, 6.0])
+    assert float(reduce_values(v, kind="loss", name="l")) == pytest.approx(3.0)
+    assert float(reduce_values(jnp.float32(4.0), kind="loss", name="l")) == 4.0
+    w = jnp.array([1.0, 1.0, 0.0])
+    assert float(reduce_values(v, w, kind="loss", name="l")) == pytest.approx(1.5)
+    assert float(reduce_values(v, 2 * w, kind="loss", name="l")) == pytest.approx(1.5)
+    assert float(reduce_values(v, jnp.zeros(3), kind="loss", name="l")) == 0.0
+    per_token = jnp.array([[1.0, 3.0], [5.0, 7.0]])  # trailing axes averaged first
+    assert float(reduce_values(per_token, jnp.array([0.0, 1.0]), kind="loss", name="l")) == 6.0
+    booleans = jnp.array([True, False, True, True])
+    assert float(reduce_values(booleans, kind="metric", name="acc")) == 0.75
+
+
+def test_reduce_values_errors():
+    with pytest.raises(ValueError, match=r"loss 'l' returned a scalar, so the batch's sample"):
+        reduce_values(jnp.float32(1.0), jnp.ones(3), kind="loss", name="l")
+    with pytest.raises(ValueError, match=r"sample_weight has shape \(2,\).* shape \(3,\)"):
+        reduce_values(jnp.ones(3), jnp.ones(2), kind="metric", name="m")
+
+
+# --- steps ---------------------------------------------------------------------------------
+
+
+def test_train_step_logs_losses_and_metrics_and_updates_model_state():
+    state = make_state()
+    logs, new = state.train_step((X, Y))
+    assert float(logs.losses.loss) == pytest.approx(float(CE(X @ state.params["w"], Y).mean()))
+    assert float(logs.metrics.accuracy) == 0.5  # all logits 0: argmax 0
+    assert int(new.step) == 1
+    assert int(new.model_state["count"]) == 1
+    assert not np.allclose(new.params["w"], state.params["w"])
+
+
+def test_eval_steps_freeze_the_model_state_and_params():
+    state = make_state()
+    _, state = state.train_step((X, Y))
+    logs, after_test = state.test_step((X, Y))
+    assert set(logs) == {"losses", "metrics"}
+    out, after_predict = state.predict_step(X)
+    assert out.outputs.predictions.shape == (4, 2)
+    for after in (after_test, after_predict):
+        assert int(after.model_state["count"]) == 1
+        assert int(after.step) == 1
+        np.testing.assert_array_equal(after.params["w"], state.params["w"])
+
+
+def test_losses_are_summed_into_the_objective():
+    one = make_state(losses={"a": CE})
+    two = make_state(losses={"a": CE, "b": CE})
+    _, after_one = one.train_step((X, Y))
+    logs, after_two = two.train_step((X, Y))
+    assert set(logs.losses) == {"a", "b"}
+    np.testing.assert_allclose(after_two.params["w"], 2 * after_one.params["w"], rtol=1e-6)
+
+
+def test_sample_weights_are_respected():
+    state = make_state()
+    weights = jnp.array([1.0, 1.0, 0.0, 0.0])
+    logs_weighted, _ = state.test_step((X, Y, weights))
+    logs_half, _ = state.test_step((X[:2], Y[:2]))
+    assert float(logs_weighted.losses.loss) == pytest.approx(float(logs_half.losses.loss))
+    _, trained_weighted = state.train_step((X, Y, weights))
+    _, trained_half = state.train_step((X[:2], Y[:2]))
+    np.testing.assert_allclose(trained_weighted.params["w"], trained_half.params["w"], rtol=1e-6)
+
+
+def test_scalar_losses_work_without_weights_and_fail_clearly_with_them():
+    state = make_state(losses={"loss": lambda p, t: CE(p, t).mean()})
+    logs, _ = state.train_step((X, Y))
+    assert logs.losses.loss.shape == ()
+    with pytest.raises(ValueError, match="loss 'loss' returned a scalar"):
+        state.train_step((X, Y, jnp.ones(4)))
+
+
+def largest_logit():
+    return StatefulMetric(
+        init=lambda: jnp.full((), -jnp.inf),
+        update=lambda m, preds, targets, w: jnp.maximum(m, preds.max()),
+        merge=jnp.maximum,
+        compute=lambda m: m,
+    )
+
+
+def test_stateful_metrics_accumulate_and_reset():
+    state = make_state(params={"w": jnp.eye(3, 2)}, metrics={"max": largest_logit()})
+    big = X.at[0, 0].set(5.0)
+    logs, state = state.test_step((big, Y))
+    assert float(logs.stateful_metrics.max) == 5.0
+    logs, state = state.test_step((X, Y))
+    assert float(logs.stateful_metrics.max) == 5.0  # remembers the earlier batch
+    _, state = state.reset_step()
+    logs, state = state.test_step((X, Y))
+    assert float(logs.stateful_metrics.max) == 1.0
+
+
+def test_mean_metric_is_the_exact_weighted_mean_over_batches():
+    metric = mean_metric(accuracy)
+    state = make_state(params={"w": jnp.eye(3, 2)}, metrics={"acc": metric})
+    preds = X @ jnp.eye(3, 2)
+    weights = jnp.array([1.0, 2.0, 0.0, 3.0])
+    expected = float(jnp.sum(accuracy(preds, Y) * weights) / weights.sum())
+    _, state = state.test_step((X[:1], Y[:1], weights[:1]))
+    logs, state = state.test_step((X[1:], Y[1:], weights[1:]))
+    assert float(logs.stateful_metrics.acc) == pytest.approx(expected)
+    a = metric.update(metric.init(), preds[:1], Y[:1], weights[:1])
+    b = metric.update(metric.init(), preds[1:], Y[1:], weights[1:])
+    assert float(metric.compute(metric.merge(a, b))) == pytest.approx(expected)
+
+
+def test_steps_work_as_loop_callbacks():
+    state = make_state()
+    batches = [(X, Y)] * 3
+    state, history, _ = ciclo.loop(state, batches, {ciclo.every(1): state.train_step})
+    assert int(state.step) == 3
+    assert len(history.collect("loss")) == 3
+    _, history, _ = ciclo.loop(state, batches, {ciclo.every(1): FunctionState.test_step})
+    assert len(history.collect("accuracy")) == 3
+
+
+def test_rng_key_differs_per_step_and_follows_the_seed():
+    seen = []
+
+    def noisy(params, model_state, x, *, training, key):
+        seen.append(key)
+        return x @ params["w"] + jax.random.normal(key, (x.shape[0], 2)), model_state
+
+    state = make_state(apply_fn=noisy, key=3)
+    logs_a, _ = state.test_step((X, Y))
+    logs_b, _ = state.replace(step=state.step + 1).test_step((X, Y))
+    logs_c, _ = make_state(apply_fn=noisy, key=3).test_step((X, Y))
+    assert float(logs_a.losses.loss) != float(logs_b.losses.loss)
+    assert float(logs_a.losses.loss) == float(logs_c.losses.loss)
+
+
+# --- bad input -----------------------------------------------------------------------------
+
+
+def test_create_validates_losses_and_metrics():
+    with pytest.raises(TypeError, match=r"losses must be a dict \{name: fn\(preds, targets\)\}"):
+        make_state(losses=CE)
+    with pytest.raises(TypeError, match=r"metrics\['acc'\] must be fn\(preds, targets\) or a"):
+        make_state(metrics={"acc": 1.0})
+    with pytest.raises(ValueError, match="'loss' is both a loss and a metric"):
+        make_state(metrics={"loss": accuracy})
+
+
+def test_train_step_without_losses_says_how_to_add_them():
+    state = make_state(losses=None)
+    with pytest.raises(ValueError, match=r"train_step needs losses .* losses=\{'loss'"):
+        state.train_step((X, Y))
+    logs, _ = state.test_step((X, Y))  # evaluation without losses is fine
+    assert "losses" not in logs
+
+
+def test_an_adapter_without_apply_is_a_clear_error():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Unfinished(ciclo.adapters.AdapterState):
+        pass
+
+    state = Unfinished.create(params={}, tx=None, losses=None, strategy="eager")
+    with pytest.raises(NotImplementedError, match=r"Unfinished must implement apply"):
+        state.predict_step(X)
+
+
+def test_static_holds_values_by_value_when_hashable_and_by_identity_otherwise():
+    from ciclo.adapters import Static
+
+    assert Static((1, 2)) == Static((1, 2))
+    assert hash(Static((1, 2))) == hash((1, 2))
+    items = [1, 2]
+    assert Static(items) == Static(items)
+    assert Static(items) != Static([1, 2])
+    assert Static((1,)) != Static((2,))
+    assert Static(1).__eq__(1) is NotImplemented
+
+
+def test_states_built_alike_share_one_compiled_step():
+    tx = optax.sgd(0.1)  # a new optimizer object is a new static field: compile again
+    a, b = make_state(tx=tx), make_state(tx=tx)
+    compiled = FunctionState.train_step.compiled_for(a.strategy)
+    a.train_step((X, Y))
+    size = compiled._cache_size()
+    b.train_step((X, Y))  # equal static fields: no new compilation
+    assert compiled._cache_size() == size

@@ -1,0 +1,158 @@
+"""Flax Linen: ``create_state(module, inputs, tx, ...)`` and :class:`FlaxState`."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import optax
+
+import ciclo
+from ciclo.adapters import STATIC, AdapterState, Static
+
+from ._mode import AUTO, detect_training_arg, stream_keys, training_kwargs
+
+__all__ = ["FlaxState", "create_state"]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _init(module: Static, flag: str | None, rngs: Any, inputs: Any) -> Any:
+    return module.value.init(rngs, inputs, **training_kwargs(flag, False))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FlaxState(AdapterState):
+    """The state of a Flax Linen module: ``params`` is the ``"params"`` collection and
+    ``model_state`` the other collections (``{"batch_stats": ...}``), updated in training and
+    frozen in evaluation. Build it with :func:`ciclo_flax.create_state`.
+
+    Attributes:
+        module: the Linen module.
+        training_arg: the ``__call__`` argument set to the mode (``training``, ``train``,
+            ``is_training``; ``deterministic`` gets the opposite), or ``None``.
+        rng_streams: the RNG streams given a fresh key at every step (``("dropout",)``).
+    """
+
+    module_ref: Static = dataclasses.field(default=None, metadata=STATIC)  # type: ignore[assignment]
+    training_arg: str | None = dataclasses.field(default=None, metadata=STATIC)
+    rng_streams: tuple[str, ...] = dataclasses.field(default=("dropout",), metadata=STATIC)
+
+    @property
+    def module(self) -> nn.Module:
+        """The Linen module."""
+        module: nn.Module = self.module_ref.value
+        return module
+
+    @property
+    def variables(self) -> dict[str, Any]:
+        """All the module's variables, ``{"params": ..., **model_state}``, for ``module.apply``."""
+        return {"params": self.params, **self.model_state}
+
+    def apply(
+        self, params: Any, model_state: Any, inputs: Any, *, training: bool, key: jax.Array | None
+    ) -> tuple[Any, Any]:
+        variables = {"params": params, **model_state}
+        rngs = None if key is None else stream_keys(key, self.rng_streams)
+        kwargs = training_kwargs(self.training_arg, training)
+        if training and model_state:
+            preds, updates = self.module.apply(
+                variables, inputs, rngs=rngs, mutable=list(model_state), **kwargs
+            )
+            return preds, {**model_state, **updates}
+        return self.module.apply(variables, inputs, rngs=rngs, **kwargs), model_state
+
+
+def create_state(
+    module: nn.Module,
+    inputs: Any,
+    tx: optax.GradientTransformation | None,
+    *,
+    losses: Mapping[str, Any] | None,
+    metrics: Mapping[str, Any] | None = None,
+    key: jax.Array | int | None = None,
+    strategy: str | ciclo.managed.Strategy = "jit",
+    variables: Mapping[str, Any] | None = None,
+    training_arg: str | None = AUTO,
+    rng_streams: Sequence[str] = ("dropout",),
+    **options: Any,
+) -> FlaxState:
+    """Builds a :class:`FlaxState` for a Flax Linen module, ready for ``state.train_step``,
+    ``test_step``, ``predict_step`` and every ciclo loop.
+
+    Args:
+        module: a ``flax.linen.Module``.
+        inputs: sample inputs (a batch's inputs) to initialize the variables with.
+        tx: an optax optimizer (``None`` for a state that is only evaluated).
+        losses: ``{name: fn(preds, targets)}`` returning a scalar or per-example values,
+            e.g. ``{"loss": optax.softmax_cross_entropy_with_integer_labels}``.
+        metrics: ``{name: fn(preds, targets)}`` or ``ciclo.adapters.StatefulMetric``.
+        key: an RNG key or seed for initialization and dropout (``None``: seed 0).
+        strategy: ``"jit"``, ``"eager"``, ``"data-parallel"``... or a Strategy.
+        variables: already initialized variables (``{"params": ..., "batch_stats": ...}``),
+            used instead of ``module.init``.
+        training_arg: the ``__call__`` argument that says whether the module trains:
+            ``"auto"`` finds ``training``, ``train``, ``is_training`` or ``deterministic``
+            (set to the opposite); ``None`` passes none.
+        rng_streams: RNG streams the module draws from (``make_rng``), each given a key
+            derived from the state's key and step.
+        **options: ``inputs_key``, ``targets_key``, ``sample_weight_key`` for dict batches.
+
+    Returns:
+        A :class:`FlaxState`.
+
+    Example:
+        >>> import ciclo_flax, flax.linen as nn, jax.numpy as jnp, optax
+        >>> state = ciclo_flax.create_state(
+        ...     nn.Dense(3), jnp.zeros((1, 4)), optax.adam(1e-3),
+        ...     losses={"loss": optax.softmax_cross_entropy_with_integer_labels},
+        ... )
+        >>> logs, state = state.train_step((jnp.ones((8, 4)), jnp.zeros(8, jnp.int32)))
+        >>> int(state.step)
+        1
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"ciclo_flax.create_state needs a flax.linen.Module, got {type(module).__name__}."
+            + (
+                " For a flax.nnx module use ciclo_flax.create_nnx_state(model, tx, ...)."
+                if _is_nnx(module)
+                else ""
+            )
+        )
+    name = type(module).__name__
+    flag = detect_training_arg(module.__call__, training_arg, name)
+    init_key, key = jax.random.split(ciclo.adapters.as_key(key))
+    if variables is None:
+        rngs = {"params": init_key, **stream_keys(init_key, rng_streams)}
+        variables = _init(Static(module), flag, rngs, inputs)
+    variables = dict(variables)
+    if "params" not in variables:
+        raise ValueError(
+            f"{name} has no 'params' collection (its variables have {sorted(variables)}); "
+            f"ciclo needs parameters to train. Check that the module creates some with "
+            f"self.param or submodules."
+        )
+    params = variables.pop("params")
+    return FlaxState.create(
+        params=params,
+        model_state=variables,
+        tx=tx,
+        losses=losses,
+        metrics=metrics,
+        key=key,
+        strategy=strategy,
+        module_ref=Static(module),
+        training_arg=flag,
+        rng_streams=tuple(rng_streams),
+        **options,
+    )
+
+
+def _is_nnx(model: Any) -> bool:
+    from flax import nnx
+
+    return isinstance(model, nnx.Module)

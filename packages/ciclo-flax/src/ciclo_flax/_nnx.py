@@ -1,0 +1,148 @@
+"""Flax NNX: ``create_nnx_state(model, tx, ...)`` and :class:`NNXState`.
+
+The model is split once into a static ``graphdef`` and array states; the compiled step merges
+them, runs the model and splits it again. That graph work happens while tracing only, so a
+step costs what a hand-written ``jax.jit`` step costs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import optax
+from flax import nnx
+
+import ciclo
+from ciclo.adapters import STATIC, AdapterState, Static
+
+from ._mode import AUTO, detect_training_arg, stream_keys, training_kwargs
+
+__all__ = ["NNXState", "create_nnx_state"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NNXState(AdapterState):
+    """The state of a ``flax.nnx`` model: ``params`` holds the variables selected by ``wrt``
+    (``nnx.Param``), ``model_state`` every other variable (batch statistics, RNG counters...),
+    updated in training and frozen in evaluation. Build it with
+    :func:`ciclo_flax.create_nnx_state`; get the trained model back with :attr:`model`.
+
+    Attributes:
+        graphdef: the model's static structure.
+        wrt: the filter of trainable variables (static).
+        training_arg: a ``__call__`` argument set to the mode, or ``None`` (static).
+        rng_streams: the model's RNG streams, reseeded from the state's key at every step.
+    """
+
+    graphdef_ref: Static = dataclasses.field(default=None, metadata=STATIC)  # type: ignore[assignment]
+    wrt: Any = dataclasses.field(default=nnx.Param, metadata=STATIC)
+    training_arg: str | None = dataclasses.field(default=None, metadata=STATIC)
+    rng_streams: tuple[str, ...] = dataclasses.field(default=(), metadata=STATIC)
+
+    @property
+    def graphdef(self) -> Any:
+        """The model's ``nnx.GraphDef``."""
+        return self.graphdef_ref.value
+
+    @property
+    def model(self) -> nnx.Module:
+        """The model with the state's parameters and model state (a new object)."""
+        return nnx.merge(self.graphdef, self.params, self.model_state)
+
+    def apply(
+        self, params: Any, model_state: Any, inputs: Any, *, training: bool, key: jax.Array | None
+    ) -> tuple[Any, Any]:
+        # copy=True: fresh Variables at this trace level (mutable under jax.grad).
+        model = nnx.merge(self.graphdef, params, model_state, copy=True)
+        if key is not None and self.rng_streams:
+            nnx.reseed(model, **stream_keys(key, self.rng_streams))
+        if training:
+            model.train()
+        else:
+            model.eval()
+        preds = model(inputs, **training_kwargs(self.training_arg, training))
+        _, _, new_model_state = nnx.split(model, self.wrt, ...)
+        return preds, new_model_state
+
+
+def create_nnx_state(
+    model: nnx.Module,
+    tx: optax.GradientTransformation | None,
+    *,
+    losses: Mapping[str, Any] | None,
+    metrics: Mapping[str, Any] | None = None,
+    key: jax.Array | int | None = None,
+    strategy: str | ciclo.managed.Strategy = "jit",
+    wrt: Any = nnx.Param,
+    training_arg: str | None = AUTO,
+    **options: Any,
+) -> NNXState:
+    """Builds an :class:`NNXState` for a ``flax.nnx`` model, ready for ``state.train_step``,
+    ``test_step``, ``predict_step`` and every ciclo loop.
+
+    The model is put in training mode (``model.train()``) in ``train_step`` and evaluation
+    mode (``model.eval()``) otherwise; its RNG streams (``nnx.Rngs`` held by ``Dropout``...)
+    get a key derived from the state's key and step, so dropout differs per step and is
+    reproducible from ``key``. The model object passed in is not modified.
+
+    Args:
+        model: a ``flax.nnx.Module`` (already initialized, as NNX modules are).
+        tx: an optax optimizer (``None`` for a state that is only evaluated).
+        losses: ``{name: fn(preds, targets)}``, e.g.
+            ``{"loss": optax.softmax_cross_entropy_with_integer_labels}``.
+        metrics: ``{name: fn(preds, targets)}`` or ``ciclo.adapters.StatefulMetric``.
+        key: an RNG key or seed for the per-step RNG streams (``None``: seed 0).
+        strategy: ``"jit"``, ``"eager"``, ``"data-parallel"``... or a Strategy.
+        wrt: an ``nnx`` filter of the trainable variables (as in
+            ``nnx.Optimizer(model, tx, wrt=...)``); default ``nnx.Param``.
+        training_arg: a ``__call__`` argument set to the mode (``"auto"`` finds
+            ``training``, ``train``, ``is_training``, ``deterministic``; ``None`` passes none).
+        **options: ``inputs_key``, ``targets_key``, ``sample_weight_key`` for dict batches.
+
+    Returns:
+        An :class:`NNXState`.
+
+    Example:
+        >>> import ciclo_flax, jax.numpy as jnp, optax
+        >>> from flax import nnx
+        >>> state = ciclo_flax.create_nnx_state(
+        ...     nnx.Linear(4, 3, rngs=nnx.Rngs(0)), optax.adam(1e-3),
+        ...     losses={"loss": optax.softmax_cross_entropy_with_integer_labels},
+        ... )
+        >>> logs, state = state.train_step((jnp.ones((8, 4)), jnp.zeros(8, jnp.int32)))
+        >>> int(state.step)
+        1
+    """
+    if not isinstance(model, nnx.Module):
+        raise TypeError(
+            f"ciclo_flax.create_nnx_state needs a flax.nnx.Module, got {type(model).__name__}. "
+            f"For a flax.linen module use ciclo_flax.create_state(module, inputs, tx, ...)."
+        )
+    name = type(model).__name__
+    flag = detect_training_arg(model.__call__, training_arg, name)  # type: ignore[operator]
+    graphdef, params, model_state = nnx.split(model, wrt, ...)
+    if not jax.tree_util.tree_leaves(params):
+        raise ValueError(
+            f"{name} has no variables matching wrt={wrt!r}, so there is nothing to train. "
+            f"Check the filter (default nnx.Param)."
+        )
+    streams = sorted(
+        {node.tag for _, node in nnx.iter_graph(model) if isinstance(node, nnx.RngStream)}
+    )
+    return NNXState.create(
+        params=params,
+        model_state=model_state,
+        tx=tx,
+        losses=losses,
+        metrics=metrics,
+        key=key,
+        strategy=strategy,
+        graphdef_ref=Static(graphdef),
+        wrt=wrt,
+        training_arg=flag,
+        rng_streams=tuple(streams),
+        **options,
+    )
