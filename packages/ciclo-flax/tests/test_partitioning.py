@@ -177,3 +177,48 @@ def test_core_reads_flax_annotations_without_importing_ciclo_flax():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "P(None, 'data')"
+
+
+# --- the adapter's states -----------------------------------------------------------------
+CE = optax.softmax_cross_entropy_with_integer_labels
+
+
+def labelled(steps=10):
+    rng = np.random.default_rng(1)
+    return [
+        (rng.normal(size=(16, 16)).astype(np.float32), rng.integers(0, 8, 16).astype(np.int32))
+        for _ in range(steps)
+    ]
+
+
+@needs_8_devices
+def test_flax_state_of_an_annotated_linen_module_trains_under_the_mesh_strategy():
+    def make(strategy):
+        return ciclo_flax.create_state(
+            LinenMLP(), jnp.zeros((1, 16)), TX, losses={"loss": CE}, strategy=strategy
+        )
+
+    ref, state = make("jit"), make(ciclo.managed.sharded(mesh_2x4()))
+    assert state.params["Dense_1"]["kernel"].value.sharding.spec == P("model")
+    state, history, _ = ciclo.loop(state, labelled(), {ciclo.every(1): state.train_step})
+    ref, ref_history, _ = ciclo.loop(ref, labelled(), {ciclo.every(1): ref.train_step})
+    assert state.params["Dense_0"]["kernel"].value.sharding.spec == P(None, "model")
+    close(state.params, ref.params)
+    np.testing.assert_allclose(history.collect("loss"), ref_history.collect("loss"), rtol=1e-5)
+
+
+@needs_8_devices
+def test_nnx_state_of_an_annotated_model_trains_under_the_mesh_strategy():
+    mesh = mesh_2x4()
+    with jax.set_mesh(mesh):
+        model = NNXMLP(nnx.Rngs(0))
+    ref = ciclo_flax.create_nnx_state(model, TX, losses={"loss": CE})
+    state = ciclo_flax.create_nnx_state(
+        model, TX, losses={"loss": CE}, strategy=ciclo.managed.sharded(mesh)
+    )
+    for batch in labelled():
+        _, ref = ref.train_step(batch)
+        _, state = state.train_step(batch)
+    assert state.params["dense1"]["kernel"][...].sharding.spec == P(None, "model")
+    assert state.params["dense2"]["kernel"][...].sharding.spec == P("model")
+    close(state.params, ref.params)
