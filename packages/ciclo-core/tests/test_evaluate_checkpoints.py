@@ -100,26 +100,20 @@ def test_follow_evaluates_checkpoints_as_a_trainer_writes_them(regression, tmp_p
 
 def test_follow_stops_after_the_timeout_without_new_checkpoints(regression, tmp_path):
     saved = train(regression, tmp_path).all_steps()
-    history = ciclo.evaluate_checkpoints(
-        tmp_path,
-        regression.initial_state(),
-        eval_sets(regression)["test"],
-        TASKS,
-        follow=True,
-        timeout=0.05,
-        poll_interval=0.01,
-    )
-    assert history.collect("steps") == saved
-    empty = ciclo.evaluate_checkpoints(
-        tmp_path / "nothing-yet",
-        regression.initial_state(),
-        eval_sets(regression)["test"],
-        TASKS,
-        follow=True,
-        timeout=0.05,
-        poll_interval=0.01,
-    )
-    assert len(empty) == 0
+
+    def follow(directory):
+        return ciclo.evaluate_checkpoints(
+            directory,
+            regression.initial_state(),
+            eval_sets(regression)["test"],
+            TASKS,
+            follow=True,
+            timeout=0.05,
+            poll_interval=0.01,
+        )
+
+    assert follow(tmp_path).collect("steps") == saved
+    assert len(follow(tmp_path / "nothing-yet")) == 0
 
 
 def test_final_step_and_a_restarted_evaluator_continue_without_repeating(regression, tmp_path):
