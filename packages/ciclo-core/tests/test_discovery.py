@@ -29,6 +29,7 @@ def entry_points(monkeypatch):
     points: list[FakeEntryPoint] = []
     monkeypatch.setattr(_discovery, "_entry_points", lambda: points)
     monkeypatch.setattr(_discovery, "_LOADED", {})
+    monkeypatch.setattr(_discovery, "_REGISTERED", {})
     return points
 
 
@@ -123,6 +124,34 @@ def test_create_state_refuses_to_guess_between_two_adapters(entry_points):
     entry_points.append(FakeEntryPoint("sys", lambda: fake_adapter("sys")))
     with pytest.raises(TypeError, match=r"several ciclo adapters handle a Model: \["):
         ciclo.create_state(Model())
+
+
+def test_an_adapter_registered_in_process_is_found_like_an_installed_one(entry_points):
+    adapter = fake_adapter("scriptframework")
+    assert ciclo.adapters.register_adapter(adapter) is adapter
+    assert ciclo.adapters.installed_adapters() == ["scriptframework"]
+    assert ciclo.adapters.get_adapter("scriptframework") is adapter
+    model = Model()
+    assert ciclo.create_state(model, 1, tx=2)[:3] == ("state of", model, (1,))
+    replacement = fake_adapter("scriptframework")
+    ciclo.adapters.register_adapter(replacement)  # a re-run notebook cell
+    assert ciclo.adapters.get_adapter("scriptframework") is replacement
+
+
+def test_a_registered_adapter_is_picked_without_importing_installed_ones(entry_points):
+    loaded = []
+    entry_points.append(FakeEntryPoint("notimported", lambda: loaded.append(1) or fake_adapter()))
+    ciclo.adapters.register_adapter(fake_adapter("scriptframework"))
+    assert ciclo.create_state(Model())[0] == "state of"
+    assert loaded == []
+
+
+def test_registering_needs_an_adapter_record_and_a_free_name(entry_points):
+    with pytest.raises(TypeError, match=r"register_adapter needs a ciclo.adapters.Adapter"):
+        ciclo.adapters.register_adapter(lambda model: None)
+    entry_points.append(FakeEntryPoint("fakeframework", fake_adapter))
+    with pytest.raises(ValueError, match=r"already registers .*'fakeframework'.*another name"):
+        ciclo.adapters.register_adapter(fake_adapter("fakeframework"))
 
 
 def test_adapters_are_imported_only_on_use(entry_points):

@@ -26,6 +26,7 @@ __all__ = [
     "create_state",
     "get_adapter",
     "installed_adapters",
+    "register_adapter",
 ]
 
 ENTRY_POINT_GROUP = "ciclo.adapters"
@@ -48,6 +49,8 @@ def _entry_points() -> Sequence[metadata.EntryPoint]:
 
 
 _LOADED: dict[str, Adapter] = {}
+#: Adapters registered in this process with :func:`register_adapter` (no entry point).
+_REGISTERED: dict[str, Adapter] = {}
 
 
 def installed_adapters() -> list[str]:
@@ -58,7 +61,47 @@ def installed_adapters() -> list[str]:
         >>> isinstance(ciclo.adapters.installed_adapters(), list)
         True
     """
-    return sorted({ep.name for ep in _entry_points()})
+    return sorted({ep.name for ep in _entry_points()} | set(_REGISTERED))
+
+
+def register_adapter(adapter: Adapter) -> Adapter:
+    """Registers ``adapter`` in this process, without installing a package: for an adapter
+    defined in a script, a notebook or a test (an installed adapter registers itself under
+    the ``ciclo.adapters`` entry-point group instead). Registering a name again replaces
+    the earlier registration.
+
+    Returns:
+        ``adapter``, so a module can write ``adapter = register_adapter(Adapter(...))``.
+
+    Raises:
+        TypeError: ``adapter`` is not a :class:`~ciclo.adapters.Adapter`.
+        ValueError: an installed package already registers an adapter of that name.
+
+    Example:
+        >>> import ciclo
+        >>> record = ciclo.adapters.Adapter(
+        ...     name="my-framework", distribution="my-adapter",
+        ...     handles=lambda model: False, create_state=lambda model, **kwargs: None,
+        ... )
+        >>> _ = ciclo.adapters.register_adapter(record)
+        >>> ciclo.adapters.get_adapter("my-framework") is record
+        True
+    """
+    if not isinstance(adapter, Adapter):
+        raise TypeError(
+            f"register_adapter needs a ciclo.adapters.Adapter record, got "
+            f"{type(adapter).__name__}. Example: register_adapter(ciclo.adapters.Adapter("
+            f"name=..., distribution=..., handles=..., create_state=...))."
+        )
+    installed = [ep for ep in _entry_points() if ep.name == adapter.name]
+    if installed:
+        raise ValueError(
+            f"an installed package already registers the ciclo adapter {adapter.name!r} "
+            f"({_describe(installed[0])}); give yours another name."
+        )
+    _REGISTERED[adapter.name] = adapter
+    _LOADED[adapter.name] = adapter
+    return adapter
 
 
 def _install_hint(name: str) -> str:
@@ -124,14 +167,15 @@ def _describe(entry_point: metadata.EntryPoint) -> str:
 def adapter_for(model: Any) -> Adapter:
     """The installed adapter that handles ``model`` (by its type).
 
-    Adapters whose framework is already imported are asked first (a model of a framework
-    implies it is imported), so no other framework gets imported.
+    Adapters whose framework is already imported, and adapters registered in this process,
+    are asked first (a model of a framework implies it is imported), so no other framework
+    gets imported.
 
     Raises:
         TypeError: no installed adapter handles the model, or several do.
     """
     entry_names = installed_adapters()
-    imported = [n for n in entry_names if n.split(".")[0] in sys.modules]
+    imported = [n for n in entry_names if n in _REGISTERED or n.split(".")[0] in sys.modules]
     others = [n for n in entry_names if n not in imported]
     broken: dict[str, str] = {}
     for group in (imported, others):

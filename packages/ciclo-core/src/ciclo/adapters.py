@@ -28,3 +28,4 @@ from ._discovery import AdapterNotInstalledError as AdapterNotInstalledError
 from ._discovery import adapter_for as adapter_for
 from ._discovery import get_adapter as get_adapter
 from ._discovery import installed_adapters as installed_adapters
+from ._discovery import register_adapter as register_adapter
