@@ -36,7 +36,7 @@ def check_installed(distribution: str, module_name: str) -> None:
     module = __import__(module_name)
     location = Path(module.__file__).resolve()
     assert "site-packages" in location.parts, f"{module_name} comes from {location}"
-    assert not (location.parent.parent.name == "src"), f"{module_name} is the source tree"
+    assert location.parent.parent.name != "src", f"{module_name} is the source tree"
     dist = metadata.distribution(distribution)
     assert module.__version__ == dist.version, (module.__version__, dist.version)
     assert (location.parent / "py.typed").is_file(), f"{module_name} has no py.typed"
@@ -73,7 +73,8 @@ def check_core() -> None:
             {ciclo.every(1): train_step, ciclo.every(4): ciclo.checkpoint(directory)},
         )
         restored = ciclo.restore(directory, state)
-    assert elapsed.steps == 12 and restored.elapsed.steps == 12
+    assert elapsed.steps == 12
+    assert restored.elapsed.steps == 12
     np.testing.assert_array_equal(restored.state.params["w"], state.params["w"])
     assert history.collect("loss")[-1] < history.collect("loss")[0]
 
@@ -115,9 +116,10 @@ def main(name: str) -> None:
         try:
             ciclo.create_flax_state()
         except ciclo.adapters.AdapterNotInstalledError as error:
-            assert "pip install ciclo-flax" in str(error), error
+            message = str(error)
         else:
             raise AssertionError("create_flax_state without ciclo-flax did not raise")
+        assert "pip install ciclo-flax" in message, message
     else:
         check_installed(*DISTRIBUTIONS[name])
         check_adapter(name)
