@@ -153,7 +153,7 @@ def run(name: str, features: int, hidden: int, batch_size: int, steps: int, repe
     x, y = dataset[0]
     hand_cost = hand_step.lower(*initial, x, y).compile().compiled.cost_analysis()
     compiled = type(state).train_step.compiled_for(state.strategy)
-    ciclo_cost = compiled.lower(state, (x, y)).compile().cost_analysis()
+    ciclo_cost = compiled.lower(state, (x, y), None).compile().cost_analysis()  # no broadcasts
     print(
         f"{name}: compiled step flops, hand-written {_flops(hand_cost):.6g}, "
         f"state.train_step {_flops(ciclo_cost):.6g}"

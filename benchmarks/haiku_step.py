@@ -65,9 +65,10 @@ def hand_written_step(model: hk.TransformedWithState, tx: optax.GradientTransfor
 
 def compiled_costs(hand_step, initial, state, batch) -> dict[str, tuple[float, float]]:
     """XLA's cost analysis (flops, bytes accessed) of both compiled steps."""
+    step = type(state).train_step.compiled_for(state.strategy)  # (state, batch, broadcasts)
     compiled = {
         "hand-written": hand_step.lower(initial, batch).compile(),
-        "ciclo": type(state).train_step.compiled_for(state.strategy).lower(state, batch).compile(),
+        "ciclo": step.lower(state, batch, None).compile(),
     }
     costs = {}
     for label, executable in compiled.items():

@@ -112,9 +112,9 @@ def test_registered_strategy_is_usable_by_name():
 
     def counting():
         def compile_step(fn):
-            def run(state, batch):
+            def run(state, batch, broadcasts):
                 calls.append(1)
-                return jax.jit(fn)(state, batch)
+                return jax.jit(fn)(state, batch, broadcasts)
 
             return run
 

@@ -132,7 +132,8 @@ def test_transformed_models(make, with_state, apply_rng):
     assert state.model_state == {}
     params = transformed.init(jax.random.split(jax.random.key(1))[0], x[:2], is_training=True)
     params = params[0] if with_state else params
-    np.testing.assert_allclose(state.params["linear"]["w"], params["linear"]["w"])
+    # create_state initialises under jit: the same numbers up to float32 rounding.
+    np.testing.assert_allclose(state.params["linear"]["w"], params["linear"]["w"], rtol=1e-6)
     _, trained = state.train_step((x, y))
     assert leaves_differ(trained.params, state.params)
     out = trained.predict_step(x)[0].outputs.predictions

@@ -23,6 +23,7 @@ from ._elapsed import Elapsed as Elapsed
 from ._elapsed import Period as Period
 from ._elapsed import at as at
 from ._elapsed import elapse as elapse
+from ._evaluate import evaluate_checkpoints as evaluate_checkpoints
 from ._history import History as History
 from ._history import history as history
 from ._inner_loop import inner_loop as inner_loop

@@ -291,31 +291,38 @@ def _loop_tasks(*pairs: tuple[Any, list[Any]]) -> dict[Any, Any]:
 class _Flag(Schedule):
     """Fires when the train loop's clock says so for the current step."""
 
-    def __init__(self, clock: _EpochClock, attribute: str, *inner: Schedule) -> None:
-        self.clock, self.attribute, self.inner = clock, attribute, inner
+    def __init__(self, get: Callable[[], bool], label: str, *inner: Schedule) -> None:
+        self.get, self.label, self.inner = get, label, inner
 
     def __call__(self, elapsed: Elapsed) -> bool:
-        return bool(getattr(self.clock, self.attribute))
+        return self.get()
 
     def children(self) -> tuple[Schedule, ...]:
         return self.inner
 
     def __repr__(self) -> str:
-        return f"train_loop.{self.attribute}"
+        return f"train_loop.{self.label}"
 
 
 class _EpochClock(Schedule):
     """Asked first in every training step (a schedule that never fires), it decides from
-    the count *after* the step whether the step ends an epoch and whether an evaluation
-    follows it; an epoch begins at the first step of the loop (when the count is on an
-    epoch boundary, e.g. 0) and at the step after one ended. Being a schedule rather than a
-    callback, it does not split a fused group of steps."""
+    the count *after* the step whether the step ends an epoch and which evaluations
+    follow it; an epoch begins at the first step of the loop (when the count is on an
+    epoch boundary, e.g. 0) and at the step after one ended. An evaluation set without a
+    duration of its own follows epoch ends. Being a schedule rather than a callback, it does
+    not split a fused group of steps."""
 
-    def __init__(self, epoch: tuple[str, float] | None, test: tuple[str, float] | None) -> None:
+    def __init__(
+        self, epoch: tuple[str, float] | None, tests: Mapping[str, tuple[str, float] | None]
+    ) -> None:
         self.epoch = epoch
         self.epoch_schedule = every(**{epoch[0]: epoch[1]}) if epoch else None  # type: ignore[arg-type]
-        self.test_schedule = every(**{test[0]: test[1]}) if test else None  # type: ignore[arg-type]
-        self.begins = self.ends = self.test_due = False
+        self.test_schedules = {
+            name: every(**{test[0]: test[1]}) if test else None  # type: ignore[arg-type]
+            for name, test in tests.items()
+        }
+        self.begins = self.ends = False
+        self.due = dict.fromkeys(tests, False)
         self.first = True
         self.loop_state: LoopState | None = None
         self.bind = _Hook("train_loop clock", self._bind)
@@ -337,17 +344,21 @@ class _EpochClock(Schedule):
                 self.begins = getattr(before, unit) % amount == 0
             # Show the schedules where this loop starts, so that a boundary crossed by the
             # first step counts (a continued run may start mid-epoch).
-            for schedule in (self.epoch_schedule, self.test_schedule):
-                if schedule is not None:
-                    schedule(before)
+            for schedule in self._schedules():
+                schedule(before)
             self.first = False
         else:
             self.begins = self.ends
         self.ends = self.epoch_schedule(after) if self.epoch_schedule else False
-        self.test_due = self.test_schedule(after) if self.test_schedule else self.ends
+        for name, test in self.test_schedules.items():
+            self.due[name] = test(after) if test else self.ends
+
+    def _schedules(self) -> tuple[Schedule, ...]:
+        candidates = (self.epoch_schedule, *self.test_schedules.values())
+        return tuple(s for s in candidates if s is not None)
 
     def children(self) -> tuple[Schedule, ...]:
-        return tuple(s for s in (self.epoch_schedule, self.test_schedule) if s is not None)
+        return self._schedules()
 
     def state_dict(self) -> dict[str, Any]:
         # A resumed run needs to know whether the last step ended an epoch (the next one
@@ -362,8 +373,69 @@ class _EpochClock(Schedule):
         return "train_loop.clock"
 
     def flag(self, attribute: str) -> _Flag:
-        inner = {"ends": self.epoch_schedule, "test_due": self.test_schedule}.get(attribute)
-        return _Flag(self, attribute, *([inner] if inner else []))
+        inner = self.epoch_schedule if attribute == "ends" else None
+        return _Flag(lambda: bool(getattr(self, attribute)), attribute, *([inner] if inner else []))
+
+    def test_flag(self, name: str) -> _Flag:
+        inner = self.test_schedules[name]
+        return _Flag(lambda: self.due[name], f"test_due[{name!r}]", *([inner] if inner else []))
+
+
+def _evaluation_sets(
+    test_dataset: Any, test_duration: Any, test_name: str
+) -> dict[str, tuple[Callable[[], Iterable[Any]], tuple[str, float] | None]]:
+    """``{name: (factory, (unit, amount) or None)}`` from train_loop's arguments."""
+    if test_dataset is None:
+        if test_duration is not None:
+            raise ValueError("test_duration needs a test_dataset (a function returning one).")
+        return {}
+    if isinstance(test_dataset, Mapping):
+        factories = dict(test_dataset)
+        if not factories:
+            raise ValueError(
+                "test_dataset is an empty dict; give {name: function returning a dataset}, "
+                "e.g. {'valid': make_valid, 'test': make_test}, or None."
+            )
+        if test_name != "test":
+            raise TypeError(
+                f"test_name={test_name!r} names a single test_dataset; with a dict of "
+                f"evaluation sets the keys are the names ({', '.join(map(repr, factories))})."
+            )
+    else:
+        factories = {test_name: test_dataset}
+    for name, factory in factories.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"test_dataset names must be non-empty strings, got {name!r}.")
+        if not callable(factory):
+            where = (
+                "test_dataset"
+                if len(factories) == 1 and name == test_name
+                else (f"test_dataset[{name!r}]")
+            )
+            raise TypeError(
+                f"{where} must be a zero-argument function returning a fresh dataset "
+                f"(it is called at each evaluation), got {type(factory).__name__}. "
+                f"Example: {where}=lambda: make_batches(x_test, y_test)."
+            )
+    if isinstance(test_duration, Mapping):
+        unknown = [name for name in test_duration if name not in factories]
+        if unknown:
+            raise ValueError(
+                f"test_duration names {unknown}, which test_dataset does not have; its "
+                f"evaluation sets are {list(factories)}."
+            )
+        durations = dict(test_duration)
+    else:
+        durations = dict.fromkeys(factories, test_duration)
+    return {
+        name: (
+            factory,
+            None
+            if durations.get(name) is None
+            else period_unit(durations[name], f"test_duration for {name!r}"),
+        )
+        for name, factory in factories.items()
+    }
 
 
 def _check_no_hooks(loop_name: str, loop_kwargs: Mapping[str, Any]) -> None:
@@ -381,9 +453,11 @@ def train_loop(
     tasks: Mapping[Any, Any] | None = None,
     *,
     callbacks: Sequence[Any] | None = None,
-    test_dataset: Callable[[], Iterable[Any]] | None = None,
+    test_dataset: Callable[[], Iterable[Any]]
+    | Mapping[str, Callable[[], Iterable[Any]]]
+    | None = None,
     epoch_duration: int | Period | None = None,
-    test_duration: int | Period | None = None,
+    test_duration: int | Period | Mapping[str, int | Period | None] | None = None,
     test_name: str = "test",
     stop: int | Period | None = None,
     batch_size_fn: Callable[[Any], int] | None = None,
@@ -424,6 +498,12 @@ def train_loop(
     stopping, checkpoints) see them in ``loop_state.logs``. Evaluation never changes the
     training state (the state the evaluation returns is dropped).
 
+    Several evaluation sets: ``test_dataset={"valid": make_valid, "test": make_test}``
+    evaluates each (in dict order, with the same test step and ``on_test_*`` callbacks),
+    giving ``accuracy_valid``, ``accuracy_test``...; ``test_duration={"valid": 100}`` gives
+    a set its own period (sets it does not name are evaluated at each epoch's end), and a
+    single ``test_duration`` applies to every set.
+
     Args:
         state: the state; its ``train_step``, ``test_step`` and ``reset_step`` methods (if
             any) run under ``on_train_step``, ``on_test_step`` and ``on_reset_step`` unless
@@ -436,11 +516,14 @@ def train_loop(
             ``on_train_batch_end``, ``on_test_step``...) register themselves, e.g.
             ``[ciclo.keras_bar(1000), ciclo.early_stopping("loss_test", patience=3)]``.
         test_dataset: a zero-argument function returning a fresh evaluation dataset,
-            called at each evaluation (``lambda: batches(x_test, y_test)``).
+            called at each evaluation (``lambda: batches(x_test, y_test)``), or a dict
+            ``{name: function}`` of several evaluation sets.
         epoch_duration: an epoch's length: an int (steps) or ``ciclo.at(samples=...)`` /
             ``ciclo.at(time=...)``.
-        test_duration: evaluate every this much training instead of every epoch.
-        test_name: the suffix of evaluation entries.
+        test_duration: evaluate every this much training instead of every epoch; a dict
+            ``{name: duration}`` sets it per evaluation set.
+        test_name: the suffix of evaluation entries of a single ``test_dataset`` (with a
+            dict, its keys).
         stop: when to stop (an int or a ``ciclo.at(...)``); by default the dataset's end.
         batch_size_fn: ``batch -> int`` to count samples (leading dimension by default).
         history, elapsed, metadata: as in :func:`ciclo.loop`.
@@ -480,50 +563,43 @@ def train_loop(
     registry.require_step("train_step")
     named = registry.named
     epoch = None if epoch_duration is None else period_unit(epoch_duration, "epoch_duration")
-    test = None if test_duration is None else period_unit(test_duration, "test_duration")
-    clock = _EpochClock(epoch, test)
+    sets = _evaluation_sets(test_dataset, test_duration, test_name)
+    clock = _EpochClock(epoch, {name: duration for name, (_, duration) in sets.items()})
 
-    evaluate: list[Any] = []
-    if test_dataset is not None:
-        if not callable(test_dataset):
-            raise TypeError(
-                f"test_dataset must be a zero-argument function returning a fresh dataset "
-                f"(it is called at each evaluation), got {type(test_dataset).__name__}. "
-                f"Example: test_dataset=lambda: make_batches(x_test, y_test)."
-            )
-        if not named["on_test_step"]:
-            raise ValueError(
-                "train_loop got a test_dataset but no test step: give tasks="
-                "{ciclo.on_test_step: test_step}, or a state with a `test_step` method."
-            )
-        test_tasks = {NAMED_SCHEDULES[n]: named[n] for n in TEST_SCHEDULES if named[n]}
+    if sets and not named["on_test_step"]:
+        raise ValueError(
+            "train_loop got a test_dataset but no test step: give tasks="
+            "{ciclo.on_test_step: test_step}, or a state with a `test_step` method."
+        )
+    test_tasks = {NAMED_SCHEDULES[n]: named[n] for n in TEST_SCHEDULES if named[n]}
 
+    def evaluation(name: str, make_dataset: Callable[[], Iterable[Any]]) -> Any:
         def run_test(state: Any) -> tuple[Any, Logs, Elapsed]:
             return test_loop(
                 state,
-                test_dataset(),
+                make_dataset(),
                 test_tasks,
                 batch_size_fn=batch_size_fn,
                 metadata=metadata,
                 stop_signals=(),  # a Ctrl-C during evaluation stops the training loop
             )
 
-        evaluate = [inner_loop(test_name, run_test)]
-    elif test_duration is not None:
-        raise ValueError("test_duration needs a test_dataset (a function returning one).")
+        return inner_loop(name, run_test)
 
+    evaluations = {name: evaluation(name, factory) for name, (factory, _) in sets.items()}
     loop_tasks = _loop_tasks(
         (clock, []),
         (clock.flag("begins"), named["on_reset_step"] + named["on_epoch_begin"]),
         (always(), named["on_train_batch_begin"]),
         *registry.step_tasks(),
         (always(), named["on_train_batch_end"]),
-        (clock.flag("test_due"), evaluate),
+        *((clock.test_flag(name), [callback]) for name, callback in evaluations.items()),
         (clock.flag("ends"), named["on_epoch_end"]),
     )
     on_end: list[Any] = []
     if epoch is None:  # the whole run is one epoch: it ends with the loop
-        on_end += (evaluate if not test else []) + named["on_epoch_end"]
+        on_end += [evaluations[name] for name, (_, duration) in sets.items() if not duration]
+        on_end += named["on_epoch_end"]
     on_end += named["on_train_end"]
     return loop(
         state,

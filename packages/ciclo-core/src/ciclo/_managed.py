@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar, cast
 
 import jax
@@ -175,6 +176,18 @@ def _register(cls: type) -> None:
 StepFunction = Callable[..., tuple[Any, Any]]
 
 
+def _step_arity(fn: StepFunction) -> int:
+    """How many of ``(state, batch, broadcasts, statics)`` a step function takes."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 2
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return 4
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return max(2, min(len(positional), 4))
+
+
 class ManagedStep:
     """A step that runs under its state's strategy; made by :func:`train_step` or :func:`step`.
 
@@ -186,26 +199,108 @@ class ManagedStep:
     one compiled call (see :func:`ciclo.loop` for how it groups them); :meth:`many` does the
     same for your own loops. Under ``accumulate_steps=N`` a train step splits each batch
     into N micro-batches and makes one optimizer update from their averaged gradients.
+
+    Broadcasts and statics: a step function may take two more positional arguments,
+    ``fn(state, batch, broadcasts, statics)``. ``broadcasts`` is a pytree of arrays that
+    every device gets whole (a teacher's parameters, a lookup table, a loss weight);
+    ``statics`` is a hashable value fixed at compile time (a mode string, a tuple of
+    flags): Python may branch on it, and each distinct value compiles the step once (an
+    equal value reuses the compiled step). Pass them in a call,
+    ``my_step(state, batch, broadcasts, statics)``, or bind them for a loop with
+    :meth:`bind`; both default to ``None``.
     """
 
     __name__: str
 
-    def __init__(self, fn: StepFunction, *, differentiate: bool) -> None:
+    def __init__(
+        self,
+        fn: StepFunction,
+        *,
+        differentiate: bool,
+        broadcasts: Any = None,
+        statics: Hashable = None,
+        compiled: dict[tuple[Strategy, bool, Hashable], StepFunction] | None = None,
+    ) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.differentiate = differentiate
-        self._compiled: dict[tuple[Strategy, bool], StepFunction] = {}
+        self.arity = _step_arity(fn)
+        self.broadcasts = broadcasts
+        self.statics = statics
+        # Shared by the steps bind() makes: one compilation per strategy and statics.
+        self._compiled = {} if compiled is None else compiled
 
-    def _run(self, state: Any, batch: Any) -> tuple[Logs, Any]:
-        logs, new_state = self.fn(state, batch)
+    def bind(self, broadcasts: Any = None, statics: Hashable = None) -> ManagedStep:
+        """The same step with ``broadcasts`` and ``statics`` fixed: what a loop runs.
+
+        The bound step shares this step's compiled versions; binding another ``statics``
+        value compiles once more, an equal one does not. Arguments given in a call still
+        take precedence.
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp
+            >>> @ciclo.managed.step
+            ... def scaled(state, batch, broadcasts, statics):
+            ...     value = batch.sum() * broadcasts["scale"]
+            ...     return ciclo.logs().add_metric(statics, value), state
+            >>> state = ciclo.managed.ManagedState.create(params={}, tx=None)
+            >>> step = scaled.bind({"scale": jnp.array(2.0)}, statics="total")
+            >>> logs, state = step(state, jnp.ones(3))
+            >>> float(logs.metrics.total)
+            6.0
+        """
+        self._check_args(broadcasts, statics)
+        return ManagedStep(
+            self.fn,
+            differentiate=self.differentiate,
+            broadcasts=broadcasts,
+            statics=statics,
+            compiled=self._compiled,
+        )
+
+    def _check_args(self, broadcasts: Any, statics: Any) -> None:
+        given = [
+            name
+            for name, value, position in (("broadcasts", broadcasts, 3), ("statics", statics, 4))
+            if value is not None and self.arity < position
+        ]
+        if given:
+            raise TypeError(
+                f"managed step {self.__name__} was given {' and '.join(given)}, but it takes "
+                f"only {('state', 'batch', 'broadcasts')[: self.arity]}. Define it as "
+                f"def {self.__name__}(state, batch, broadcasts, statics): ..."
+            )
+        if statics is not None:
+            try:
+                hash(statics)
+            except TypeError:
+                raise TypeError(
+                    f"managed step {self.__name__}: statics must be hashable (it is static "
+                    f"under jit), got {type(statics).__name__} {statics!r}. Use a tuple, a "
+                    f"string, a number or a frozen dataclass; put arrays in broadcasts."
+                ) from None
+
+    def _args(self, broadcasts: Any, statics: Any) -> tuple[Any, Any]:
+        """The broadcasts and statics of a call: those given, else the bound ones."""
+        if broadcasts is None:
+            broadcasts = self.broadcasts
+        if statics is None:
+            statics = self.statics
+        self._check_args(broadcasts, statics)
+        return broadcasts, statics
+
+    def _run(self, state: Any, batch: Any, broadcasts: Any, statics: Any) -> tuple[Logs, Any]:
+        logs, new_state = self.fn(state, batch, *(broadcasts, statics)[: self.arity - 2])
         return _check_logs(self, logs), new_state
 
-    def _gradients(self, state: Any, batch: Any, micro_steps: int) -> tuple[Any, Logs, Any]:
+    def _gradients(
+        self, state: Any, batch: Any, broadcasts: Any, statics: Any, micro_steps: int
+    ) -> tuple[Any, Logs, Any]:
         """Gradients of the total loss w.r.t. ``params``, the logs and the new state; with
         ``micro_steps > 1`` the mean over that many micro-batches of ``batch``."""
 
         def objective(params: Any, current: Any, batch: Any) -> tuple[jax.Array, Any]:
-            logs, new_state = self._run(current.replace(params=params), batch)
+            logs, new_state = self._run(current.replace(params=params), batch, broadcasts, statics)
             return _total_loss(self, logs), (logs, new_state.replace(params=state.params))
 
         gradient = jax.grad(objective, has_aux=True)
@@ -225,43 +320,61 @@ class ManagedStep:
         grads = jax.tree.map(lambda g: g / micro_steps, total)
         return grads, _merge_micro_logs(logs, rows), new_state
 
-    def _body(self, strategy: Strategy) -> StepFunction:
-        """One step as ``strategy`` runs it, before compilation."""
+    def _body(self, strategy: Strategy, statics: Hashable) -> StepFunction:
+        """One step as ``strategy`` runs it, before compilation: ``(state, batch,
+        broadcasts) -> (logs, state)``, with ``statics`` fixed."""
         if not self.differentiate:
 
-            def run(state: Any, batch: Any) -> tuple[Logs, Any]:
-                logs, new_state = self._run(state, batch)
+            def run(state: Any, batch: Any, broadcasts: Any) -> tuple[Logs, Any]:
+                logs, new_state = self._run(state, batch, broadcasts, statics)
                 return strategy.reduce_logs(logs), new_state
 
             return run
 
-        def train(state: Any, batch: Any) -> tuple[Logs, Any]:
-            grads, logs, new_state = self._gradients(state, batch, strategy.accumulate_steps)
+        def train(state: Any, batch: Any, broadcasts: Any) -> tuple[Logs, Any]:
+            grads, logs, new_state = self._gradients(
+                state, batch, broadcasts, statics, strategy.accumulate_steps
+            )
             grads = strategy.reduce_gradients(grads)
             return strategy.reduce_logs(logs), new_state.apply_gradients(grads)
 
         return train
 
-    def compiled_for(self, strategy: Strategy, *, fused: bool = False) -> StepFunction:
-        """The step compiled for ``strategy`` (cached); ``fused=True``: the version that
-        takes a tuple of batches and returns stacked logs (see :meth:`many`)."""
-        key = (strategy, fused)
+    def compiled_for(
+        self, strategy: Strategy, *, fused: bool = False, statics: Hashable = None
+    ) -> StepFunction:
+        """The step compiled for ``strategy`` and ``statics`` (cached), taking ``(state,
+        batch, broadcasts)``; ``fused=True``: the version that takes a tuple of batches and
+        returns stacked logs (see :meth:`many`)."""
+        key = (strategy, fused, statics)
         compiled = self._compiled.get(key)
         if compiled is None:
-            body = self._body(strategy)
+            body = self._body(strategy, statics)
             compiled = self._compiled[key] = strategy.compile(_fuse(body) if fused else body)
         return compiled
 
-    def __call__(self, state: Any, batch: Any) -> tuple[Logs, Any]:
+    def __call__(
+        self, state: Any, batch: Any, broadcasts: Any = None, statics: Hashable = None
+    ) -> tuple[Logs, Any]:
         strategy = self._strategy_of(state)
-        return self.compiled_for(strategy)(state, strategy.place_batch(batch))
+        broadcasts, statics = self._args(broadcasts, statics)
+        return self.compiled_for(strategy, statics=statics)(
+            state, strategy.place_batch(batch), strategy.place_broadcasts(broadcasts)
+        )
 
-    def many(self, state: Any, batches: Sequence[Any]) -> tuple[Logs, Any]:
+    def many(
+        self,
+        state: Any,
+        batches: Sequence[Any],
+        broadcasts: Any = None,
+        statics: Hashable = None,
+    ) -> tuple[Logs, Any]:
         """Runs one step per batch in a single compiled call (``lax.scan``).
 
         Args:
             state: a :class:`ManagedState`.
             batches: batches of identical shapes.
+            broadcasts, statics: as in a single call (the same for every batch).
 
         Returns:
             ``(logs, state)``: every log value stacked along a new first axis (one row per
@@ -278,6 +391,7 @@ class ManagedStep:
             [2.0, 4.0]
         """
         strategy = self._strategy_of(state)
+        broadcasts, statics = self._args(broadcasts, statics)
         batches = tuple(batches)
         if not batches:
             raise ValueError(f"{self.__name__}.many(state, batches) needs at least one batch.")
@@ -290,7 +404,9 @@ class ManagedStep:
                     f"(drop or pad the incomplete last batch)."
                 )
         placed = tuple(strategy.place_batch(batch) for batch in batches)
-        return self.compiled_for(strategy, fused=True)(state, placed)
+        return self.compiled_for(strategy, fused=True, statics=statics)(
+            state, placed, strategy.place_broadcasts(broadcasts)
+        )
 
     def _strategy_of(self, state: Any) -> Strategy:
         strategy = getattr(state, "strategy", None)
@@ -335,12 +451,21 @@ class _BoundStep:
         self.__name__ = step.__name__
         self.__qualname__ = f"{type(instance).__name__}.{step.__name__}"
 
-    def __call__(self, batch: Any = None) -> tuple[Logs, Any]:
-        return self.step(self.instance, batch)
+    def __call__(
+        self, batch: Any = None, broadcasts: Any = None, statics: Hashable = None
+    ) -> tuple[Logs, Any]:
+        return self.step(self.instance, batch, broadcasts, statics)
 
-    def many(self, batches: Sequence[Any]) -> tuple[Logs, Any]:
+    def many(
+        self, batches: Sequence[Any], broadcasts: Any = None, statics: Hashable = None
+    ) -> tuple[Logs, Any]:
         """:meth:`ManagedStep.many` on this state."""
-        return self.step.many(self.instance, batches)
+        return self.step.many(self.instance, batches, broadcasts, statics)
+
+    def bind(self, broadcasts: Any = None, statics: Hashable = None) -> _BoundStep:
+        """:meth:`ManagedStep.bind`, still a method of this state (a loop callback that runs
+        on the loop's current state)."""
+        return _BoundStep(self.step.bind(broadcasts, statics), self.instance)
 
     def __loop_callback__(self, loop_state: LoopState) -> tuple[Logs, Any]:
         return self.step(loop_state.state, loop_state.batch)
@@ -360,14 +485,14 @@ def _shapes(batch: Any) -> tuple[Any, list[tuple[int, ...]]]:
 
 
 def _fuse(body: StepFunction) -> StepFunction:
-    """``body(state, batch)`` as ``fused(state, batches)``: one ``lax.scan`` over the
-    stacked batches, returning the stacked logs and the last state."""
+    """``body(state, batch, broadcasts)`` as ``fused(state, batches, broadcasts)``: one
+    ``lax.scan`` over the stacked batches, returning the stacked logs and the last state."""
 
-    def fused(state: Any, batches: tuple[Any, ...]) -> tuple[Logs, Any]:
+    def fused(state: Any, batches: tuple[Any, ...], broadcasts: Any) -> tuple[Logs, Any]:
         stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *batches)
 
         def scan_step(state: Any, batch: Any) -> tuple[Any, Logs]:
-            logs, state = body(state, batch)
+            logs, state = body(state, batch, broadcasts)
             return state, logs
 
         state, logs = jax.lax.scan(scan_step, state, stacked)

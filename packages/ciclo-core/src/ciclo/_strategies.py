@@ -5,10 +5,14 @@ A strategy is a small bundle of functions, like an optax transformation:
 - ``place_state(state) -> state``: put the state where the strategy wants it (once, when the
   state gets the strategy).
 - ``place_batch(batch) -> batch``: put a batch where the compiled step wants it (every step).
-- ``compile(fn) -> fn``: turn ``fn(state, batch) -> (logs, state)`` into the callable to run.
+- ``compile(fn) -> fn``: turn ``fn(state, batch, broadcasts) -> (logs, state)`` into the
+  callable to run (``broadcasts``: a pytree every device gets whole, ``None`` when the step
+  has none).
 - ``reduce_gradients(grads) -> grads`` and ``reduce_logs(logs) -> logs``: run inside the
   compiled step, between the gradient and the optimizer update (``pmap`` averages over its
   devices there; the other strategies need nothing).
+- ``place_broadcasts(broadcasts) -> broadcasts``: put a step's broadcasts where the compiled
+  step wants them (every call; the identity unless several processes need a global array).
 
 and two numbers that say how much work one call does:
 
@@ -20,8 +24,9 @@ Both are options of the strategy, not of the step, because they say how a step *
 what it computes: the same ``train_step`` (yours, or one an adapter provides) runs unchanged
 on one device, on a pod, fused or accumulated, and you change one object to scale it.
 
-Strategies are looked up by name (``"eager"``, ``"jit"``, ``"data-parallel"``, ``"pmap"``);
-:func:`register_strategy` adds a name.
+Strategies are looked up by name (``"eager"``, ``"jit"``, ``"data-parallel"``, ``"pmap"``,
+and from :mod:`ciclo._sharding` ``"fsdp"`` and ``"sharded"``); :func:`register_strategy`
+adds a name.
 """
 
 from __future__ import annotations
@@ -58,11 +63,14 @@ class Strategy(NamedTuple):
         name: the name it is known by.
         place_state: ``state -> state``, called when a state takes this strategy.
         place_batch: ``batch -> batch``, called on every batch before the step.
-        compile: ``fn -> fn``, called once per step function.
+        compile: ``fn -> fn``, called once per step function (and ``statics`` value);
+            ``fn(state, batch, broadcasts) -> (logs, state)``.
         reduce_gradients: ``grads -> grads``, inside the step before the optimizer update.
         reduce_logs: ``logs -> logs``, inside the step on the step's logs.
         steps_per_call: batches a loop runs per compiled call (1: no fusion).
         accumulate_steps: micro-batches per training batch (1: no accumulation).
+        place_broadcasts: ``broadcasts -> broadcasts``, called on a step's broadcasts before
+            every call.
 
     Example:
         >>> import ciclo
@@ -79,6 +87,7 @@ class Strategy(NamedTuple):
     reduce_logs: Callable[[Any], Any] = _identity
     steps_per_call: int = 1
     accumulate_steps: int = 1
+    place_broadcasts: Callable[[Any], Any] = _identity
 
 
 def _spec(*axes: str) -> Any:
@@ -172,6 +181,65 @@ def _put_key_safe(leaf: Any, sharding: jax.sharding.Sharding) -> Any:
     return jax.device_put(leaf, sharding)
 
 
+def put_global(tree: Any, shardings: Any) -> Any:
+    """``tree`` put on ``shardings`` (one sharding, or a tree of them) as global arrays.
+
+    With several processes, every process must hold the same values (a state, broadcasts);
+    typed RNG keys cannot be put across processes directly, so their raw data is.
+    """
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+    if isinstance(shardings, jax.sharding.Sharding):
+        return jax.tree.map(lambda x: _put_key_safe(x, shardings), tree)
+    return jax.tree.map(_put_key_safe, tree, shardings)
+
+
+def broadcast_placer(replicated: jax.sharding.Sharding) -> Callable[[Any], Any]:
+    """The ``place_broadcasts`` of a strategy whose step takes them replicated: nothing to do
+    on one process (``jit`` moves them), global arrays on several."""
+
+    def place_broadcasts(broadcasts: Any) -> Any:
+        if jax.process_count() == 1:
+            return broadcasts
+        return put_global(broadcasts, replicated)
+
+    return place_broadcasts
+
+
+def batch_placer(
+    strategy: str, mesh: jax.sharding.Mesh, axis: str | tuple[str, ...]
+) -> Callable[[Any], Any]:
+    """The ``place_batch`` of a strategy that splits batches along their first axis over the
+    mesh ``axis`` (one name or several), scalars replicated.
+
+    Multi-host: each process gives its own part of the batch; the parts are assembled into
+    the global batch with ``jax.make_array_from_process_local_data``.
+    """
+    from jax.sharding import NamedSharding
+
+    replicated = NamedSharding(mesh, _spec())
+    sharded = NamedSharding(mesh, _spec(axis))  # type: ignore[arg-type]
+    names = (axis,) if isinstance(axis, str) else axis
+    shards = int(np.prod([mesh.shape[name] for name in names]))
+
+    def sharding_of(leaf: Any) -> NamedSharding:
+        return sharded if np.ndim(leaf) else replicated
+
+    def place_batch(batch: Any) -> Any:
+        processes = jax.process_count()
+        _check_divisible(strategy, batch, shards, processes)
+        if processes == 1:
+            return jax.device_put(batch, jax.tree.map(sharding_of, batch))
+        return jax.tree.map(
+            lambda x: jax.make_array_from_process_local_data(  # type: ignore[no-untyped-call]
+                sharding_of(x), np.asarray(x)
+            ),
+            batch,
+        )
+
+    return place_batch
+
+
 def data_parallel(
     *,
     mesh: jax.sharding.Mesh | None = None,
@@ -205,49 +273,21 @@ def data_parallel(
         >>> ciclo.managed.data_parallel().name
         'data-parallel'
     """
-    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import NamedSharding
 
     steps_per_call, accumulate_steps = _counts("data_parallel", steps_per_call, accumulate_steps)
-    if mesh is None:
-        # Auto axes: the compiler propagates shardings, so single-device code runs unchanged.
-        mesh = jax.make_mesh((jax.device_count(),), (axis,), axis_types=(AxisType.Auto,))
-    elif axis not in mesh.axis_names:
-        raise ValueError(
-            f"data_parallel(axis={axis!r}): the mesh has axes {mesh.axis_names}; pass the "
-            f"name of its data axis, e.g. data_parallel(mesh=mesh, axis={mesh.axis_names[0]!r})."
-        )
+    mesh = data_mesh("data_parallel", mesh, axis)
     replicated = NamedSharding(mesh, _spec())
-    sharded = NamedSharding(mesh, _spec(axis))
-    shards = mesh.shape[axis]
-    processes = jax.process_count()
-
-    def sharding_of(leaf: Any) -> NamedSharding:
-        return sharded if np.ndim(leaf) else replicated
 
     def place_state(state: Any) -> Any:
-        if processes == 1:
-            return jax.device_put(state, replicated)
-        # Every process holds the same values; typed RNG keys cannot be put across
-        # processes directly, so their raw data is.
-        return jax.tree.map(lambda x: _put_key_safe(x, replicated), state)
-
-    def place_batch(batch: Any) -> Any:
-        _check_divisible("data-parallel", batch, shards, processes)
-        if processes == 1:
-            return jax.device_put(batch, jax.tree.map(sharding_of, batch))
-        return jax.tree.map(
-            lambda x: jax.make_array_from_process_local_data(  # type: ignore[no-untyped-call]
-                sharding_of(x), np.asarray(x)
-            ),
-            batch,
-        )
+        return put_global(state, replicated)
 
     def compile_step(fn: StepFn) -> StepFn:
         # The state stays replicated (a state made elsewhere is moved in); logs come back
         # replicated, so every process can read them.
         return jax.jit(
             fn,
-            in_shardings=(replicated, None),
+            in_shardings=(replicated, None, replicated),
             out_shardings=replicated,
             donate_argnums=(0,) if donate else (),
         )
@@ -255,11 +295,36 @@ def data_parallel(
     return Strategy(
         "data-parallel",
         place_state,
-        place_batch,
+        batch_placer("data-parallel", mesh, axis),
         compile_step,
         steps_per_call=steps_per_call,
         accumulate_steps=accumulate_steps,
+        place_broadcasts=broadcast_placer(replicated),
     )
+
+
+def data_mesh(
+    strategy: str, mesh: jax.sharding.Mesh | None, axis: str | tuple[str, ...]
+) -> jax.sharding.Mesh:
+    """``mesh``, checked to have the data ``axis``; by default every device on that axis."""
+    from jax.sharding import AxisType
+
+    names = (axis,) if isinstance(axis, str) else tuple(axis)
+    if mesh is None:
+        if len(names) != 1:
+            raise ValueError(
+                f"{strategy}(axis={axis!r}): several data axes need a mesh that has them; "
+                f"pass mesh=jax.make_mesh(...)."
+            )
+        # Auto axes: the compiler propagates shardings, so single-device code runs unchanged.
+        return jax.make_mesh((jax.device_count(),), names, axis_types=(AxisType.Auto,))
+    missing = [name for name in names if name not in mesh.axis_names]
+    if missing:
+        raise ValueError(
+            f"{strategy}(axis={axis!r}): the mesh has axes {mesh.axis_names}; pass the "
+            f"name of its data axis, e.g. {strategy}(mesh=mesh, axis={mesh.axis_names[0]!r})."
+        )
+    return mesh
 
 
 def pmap(
@@ -316,7 +381,7 @@ def pmap(
 
     def compile_step(fn: StepFn) -> StepFn:
         pmapped: StepFn = jax.pmap(
-            fn, axis_name=axis_name, in_axes=(None, 0), out_axes=None, devices=device_list
+            fn, axis_name=axis_name, in_axes=(None, 0, None), out_axes=None, devices=device_list
         )
         return pmapped
 

@@ -2,7 +2,9 @@
 
 Example:
     >>> import ciclo
-    >>> {"eager", "jit", "data-parallel", "pmap"} <= set(ciclo.managed.strategy_names())
+    >>> {"eager", "jit", "data-parallel", "pmap", "fsdp", "sharded"} <= set(
+    ...     ciclo.managed.strategy_names()
+    ... )
     True
 """
 
@@ -10,6 +12,11 @@ from ._managed import ManagedState as ManagedState
 from ._managed import ManagedStep as ManagedStep
 from ._managed import step as step
 from ._managed import train_step as train_step
+from ._sharding import fsdp as fsdp
+from ._sharding import key_path as key_path
+from ._sharding import partition_specs as partition_specs
+from ._sharding import register_partition_metadata as register_partition_metadata
+from ._sharding import sharded as sharded
 from ._strategies import Strategy as Strategy
 from ._strategies import data_parallel as data_parallel
 from ._strategies import eager as eager

@@ -1,0 +1,194 @@
+"""``ciclo.evaluate_checkpoints``: the standalone evaluator of large training setups, which
+evaluates each checkpoint a training run writes, as it appears."""
+
+from __future__ import annotations
+
+import os
+import time as _time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from . import _resume
+from ._history import History
+from ._inner_loop import rename_logs
+from ._logs import Logs
+from ._loops import test_loop
+
+__all__ = ["evaluate_checkpoints"]
+
+DatasetFactory = Callable[[], Iterable[Any]]
+
+
+def _datasets(dataset: Any) -> dict[str | None, DatasetFactory]:
+    """``{name or None: factory}``: ``None`` for a single dataset (entries keep their names)."""
+    if isinstance(dataset, Mapping):
+        if not dataset:
+            raise ValueError(
+                "evaluate_checkpoints: dataset is an empty dict; give a function returning "
+                "a dataset, or {name: function} for several evaluation sets."
+            )
+        sets: dict[str | None, Any] = {}
+        for name, factory in dataset.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(
+                    f"evaluate_checkpoints: dataset names must be non-empty strings, got {name!r}."
+                )
+            sets[name] = factory
+    else:
+        sets = {None: dataset}
+    for name, factory in sets.items():
+        if not callable(factory):
+            where = "dataset" if name is None else f"dataset[{name!r}]"
+            raise TypeError(
+                f"evaluate_checkpoints: {where} must be a zero-argument function returning "
+                f"a fresh dataset (it is called for each checkpoint), got "
+                f"{type(factory).__name__}. Example: {where}=lambda: batches(x_test, y_test)."
+            )
+    return sets
+
+
+def _saved_steps(path: str) -> list[int]:
+    """The steps of the complete checkpoints in ``path`` (none while it does not exist)."""
+    manager = _resume._open(path, must_exist=False)
+    if manager is None:
+        return []
+    try:
+        return sorted(int(step) for step in manager.all_steps())
+    finally:
+        manager.close()
+
+
+def _marker_path(path: str, final_marker: str | os.PathLike[str] | None) -> str | None:
+    if final_marker is None:
+        return None
+    marker = os.fspath(final_marker)
+    return marker if os.path.isabs(marker) or "://" in path else os.path.join(path, marker)
+
+
+def evaluate_checkpoints(
+    directory: str | os.PathLike[str],
+    state: Any,
+    dataset: DatasetFactory | Mapping[str, DatasetFactory],
+    tasks: Mapping[Any, Any] | None = None,
+    *,
+    callbacks: Sequence[Any] | None = None,
+    follow: bool = False,
+    timeout: float | None = None,
+    poll_interval: float = 10.0,
+    final_marker: str | os.PathLike[str] | None = None,
+    final_step: int | None = None,
+    history: History | None = None,
+    batch_size_fn: Callable[[Any], int] | None = None,
+    stop: int | None = None,
+) -> History:
+    """Evaluates every checkpoint that :func:`ciclo.checkpoint` wrote to ``directory``, in
+    step order, and with ``follow=True`` each new one as it appears: the standalone
+    evaluator that runs beside a training job.
+
+    Each checkpoint is restored into ``state`` (:func:`ciclo.restore`: the same structure,
+    with the template's shardings and strategy) and evaluated with :func:`ciclo.test_loop`
+    on a fresh ``dataset()``, so each metric equals a direct evaluation of that checkpoint.
+    The result is one history row per checkpoint, at the checkpoint's ``elapsed`` (its
+    training step, samples, time), so ``history.collect("steps", "accuracy")`` is a
+    learning curve.
+
+    Following: the directory is polled every ``poll_interval`` seconds (it need not exist
+    yet). The evaluator stops when ``final_marker`` exists (after evaluating every
+    checkpoint written before it: the trainer writes the marker after its last save), once
+    it has evaluated a checkpoint of ``final_step`` or later, or when ``timeout`` seconds
+    pass without a new checkpoint; without any of these it follows until interrupted.
+    Checkpoints are evaluated in increasing step order: when several appeared since the
+    last poll, all are evaluated; one the trainer deleted (``keep=...``) before it could be
+    read is skipped.
+
+    Args:
+        directory: the checkpoint directory (or a :class:`ciclo.Checkpoint`).
+        state: a state built like the saved one; its structure, shapes, dtypes and
+            shardings are used, and its ``test_step`` method when ``tasks`` gives none.
+        dataset: a zero-argument function returning a fresh evaluation dataset, or a
+            dict ``{name: function}`` of several sets, whose entries are then renamed
+            ``<entry>_<name>`` (``accuracy_valid``, ``accuracy_test``) as in
+            :func:`ciclo.train_loop`; with one function, entries keep their names.
+        tasks, callbacks: the test step and callbacks, as in :func:`ciclo.test_loop`
+            (``{ciclo.on_test_step: test_step, ciclo.on_test_end: report}``).
+        follow: keep polling for new checkpoints.
+        timeout: with ``follow``, stop after this many seconds without a new checkpoint.
+        poll_interval: seconds between polls.
+        final_marker: with ``follow``, a file whose existence means training is done: a
+            name inside ``directory`` (``"FINISHED"``) or an absolute path.
+        final_step: stop after evaluating a checkpoint of this step or a later one.
+        history: a history to append to; checkpoints whose step it already holds are
+            skipped (restart an evaluator without repeating work).
+        batch_size_fn: ``batch -> int``, the weight of a batch (see :func:`test_loop`).
+        stop: evaluate only this many batches of each dataset.
+
+    Returns:
+        A :class:`ciclo.History` with one row per evaluated checkpoint.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, numpy as np, tempfile
+        >>> directory = tempfile.mkdtemp()
+        >>> train = {
+        ...     ciclo.every(1): lambda state, batch: state + batch.sum(),
+        ...     ciclo.every(2): ciclo.checkpoint(directory, keep=None, save_on_end=False),
+        ... }
+        >>> _ = ciclo.loop(jnp.zeros(()), [np.ones(2)] * 5, train)
+        >>> def test_step(state, batch):
+        ...     return ciclo.logs().add_metric("score", state * batch.mean())
+        >>> history = ciclo.evaluate_checkpoints(
+        ...     directory, jnp.zeros(()), lambda: [np.ones(3)], {ciclo.on_test_step: test_step}
+        ... )
+        >>> history.collect("steps", "score")
+        ([1, 3, 5], [2.0, 6.0, 10.0])
+    """
+    path = _resume.checkpoint_path(directory)
+    sets = _datasets(dataset)
+    if poll_interval <= 0:
+        raise ValueError(f"evaluate_checkpoints(poll_interval={poll_interval!r}) must be > 0.")
+    if timeout is not None and timeout < 0:
+        raise ValueError(f"evaluate_checkpoints(timeout={timeout!r}) must be >= 0 or None.")
+    marker = _marker_path(path, final_marker)
+    history = History() if history is None else history
+    done = set(history.collect("steps")) if len(history) else set()
+    last = max(done) if done else None
+    if not follow and not _saved_steps(path):
+        _resume._open(path, must_exist=True)  # raises the error that says what is missing
+
+    def evaluate(step: int) -> bool:
+        try:
+            restored = _resume.restore(path, state, step=step)
+        except FileNotFoundError:  # deleted by the trainer's keep=... since it was listed
+            return False
+        logs = Logs()
+        for name, factory in sets.items():
+            _, set_logs, _ = test_loop(
+                restored.state,
+                factory(),
+                tasks,
+                callbacks=callbacks,
+                batch_size_fn=batch_size_fn,
+                stop=stop,
+            )
+            logs.merge(set_logs if name is None else rename_logs(set_logs, name))
+        history.commit(restored.elapsed, logs)
+        return True
+
+    waited_since = _time.monotonic()
+    while True:
+        finished = marker is not None and os.path.exists(marker)
+        for step in _saved_steps(path):
+            if step in done or (last is not None and step < last):
+                continue
+            if evaluate(step):
+                done.add(step)
+                last = step
+                waited_since = _time.monotonic()
+                if final_step is not None and step >= final_step:
+                    return history
+        if not follow or finished:
+            return history
+        waited = _time.monotonic() - waited_since
+        if timeout is not None and waited >= timeout:
+            return history
+        wait = poll_interval if timeout is None else min(poll_interval, timeout - waited)
+        _time.sleep(max(wait, 0.0))

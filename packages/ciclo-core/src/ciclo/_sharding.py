@@ -1,0 +1,531 @@
+"""Sharded strategies: the state's arrays split over a device mesh, the compiler left to
+gather them (``"fsdp"``, ``"sharded"``).
+
+Both are ``jax.jit`` with ``NamedSharding`` s, like ``"data-parallel"``: the batch is split
+along its first axis over the mesh's data axis, the state goes in and comes out as ordinary
+global ``jax.Array`` s, and XLA inserts the all-gathers and reduce-scatters. What differs
+is where each state array lives, given by a ``PartitionSpec`` per array
+(:func:`partition_specs`), found in this order:
+
+1. ``rules``: ``(regex, PartitionSpec)`` pairs, the first whose regex ``re.search`` es the
+   array's path wins;
+2. partitioning metadata the model carries (Flax's ``nn.with_partitioning``, NNX sharding
+   annotations), read by the readers adapters register with
+   :func:`register_partition_metadata`;
+3. otherwise replicated;
+
+and with ``fsdp`` the largest dimension still unsplit that divides by the data axis's size
+is split over the data axis too.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
+
+import jax
+import numpy as np
+
+from ._strategies import (
+    StepFn,
+    Strategy,
+    _counts,
+    _spec,
+    batch_placer,
+    broadcast_placer,
+    data_mesh,
+    put_global,
+    register_strategy,
+)
+
+__all__ = [
+    "sharded",
+    "fsdp",
+    "partition_specs",
+    "register_partition_metadata",
+    "key_path",
+]
+
+PartitionSpec = jax.sharding.PartitionSpec
+SpecReader = Callable[[Any], "PartitionSpec | None"]
+RuleFn = Callable[[str, Any], "PartitionSpec | None"]
+Rules = Sequence[tuple[str, Any]] | Mapping[str, Any] | RuleFn
+# Rules compiled: (path, leaf) -> (spec, where the spec comes from) | None.
+Matcher = Callable[[str, Any], "tuple[Any, str] | None"]
+
+_READERS: dict[type, SpecReader] = {}
+_ENTRY_POINTS = "ciclo.partition_metadata"
+_loaded_entry_points = False
+
+
+def _load_entry_points() -> None:
+    """Runs, once, the registration functions installed packages declare under the
+    ``ciclo.partition_metadata`` entry-point group (ciclo-flax declares Flax's), so that
+    annotated models are read even when their adapter was not imported. A broken one is a
+    warning: its annotations are then ignored."""
+    global _loaded_entry_points
+    if _loaded_entry_points:
+        return
+    _loaded_entry_points = True
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=_ENTRY_POINTS):
+        try:
+            entry.load()()
+        except Exception as error:
+            warnings.warn(
+                f"ciclo: the partition metadata reader {entry.name!r} ({entry.value}) failed: "
+                f"{error!r}; the sharded strategies ignore the annotations it reads.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
+def register_partition_metadata(node_type: type, spec_of: SpecReader) -> None:
+    """Teaches the sharded strategies to read partitioning metadata a model carries.
+
+    ``node_type`` is a pytree node class that wraps arrays with sharding annotations (as
+    Flax's ``nn.Partitioned`` and ``nnx.Variable`` do); ``spec_of(node)`` returns the
+    ``PartitionSpec`` of the arrays in it, or ``None`` for none. Adapters register their
+    framework's classes (``ciclo_flax`` does for Flax, on import and through the
+    ``ciclo.partition_metadata`` entry-point group, whose functions core runs before it
+    first places a state); rules given to the strategy take precedence.
+
+    Args:
+        node_type: the annotated node's class (subclasses match too).
+        spec_of: ``node -> PartitionSpec | None``.
+
+    Example:
+        >>> import ciclo, jax
+        >>> class Sharded:  # a pytree node holding one array and its axis names
+        ...     def __init__(self, value, names):
+        ...         self.value, self.names = value, names
+        >>> jax.tree_util.register_pytree_node(
+        ...     Sharded, lambda n: ((n.value,), n.names), lambda names, v: Sharded(v[0], names)
+        ... )
+        >>> ciclo.managed.register_partition_metadata(
+        ...     Sharded, lambda node: jax.sharding.PartitionSpec(*node.names)
+        ... )
+        >>> params = {"w": Sharded(jax.numpy.zeros((8, 2)), ("data", None))}
+        >>> ciclo.managed.partition_specs(params)["w"].value
+        P('data',)
+    """
+    if not isinstance(node_type, type):
+        raise TypeError(
+            f"register_partition_metadata(node_type, spec_of): node_type must be a class, "
+            f"got {node_type!r}."
+        )
+    if not callable(spec_of):
+        raise TypeError(
+            f"register_partition_metadata({node_type.__name__}, spec_of): spec_of must be a "
+            f"function node -> PartitionSpec | None, got {spec_of!r}."
+        )
+    _READERS[node_type] = spec_of
+
+
+def _reader(node: Any) -> SpecReader | None:
+    for node_type, spec_of in _READERS.items():
+        if isinstance(node, node_type):
+            return spec_of
+    return None
+
+
+def _is_annotated(node: Any) -> bool:
+    return _reader(node) is not None
+
+
+def key_path(path: Sequence[Any]) -> str:
+    """A pytree key path as the ``'/'``-joined string rules match: ``params/dense/kernel``,
+    ``opt_state/0/trace/dense/kernel``. A ``ManagedState`` 's extra fields read as
+    attributes (``batch_stats/...``, not ``extra/batch_stats/...``).
+
+    Example:
+        >>> import ciclo, jax
+        >>> (path, _), = jax.tree_util.tree_flatten_with_path({"dense": [0.0]})[0]
+        >>> ciclo.managed.key_path(path)
+        'dense/0'
+    """
+    parts = []
+    for i, key in enumerate(path):
+        if isinstance(key, jax.tree_util.GetAttrKey):
+            if i == 0 and key.name == "extra":
+                continue
+            parts.append(key.name)
+        elif isinstance(key, jax.tree_util.DictKey):
+            parts.append(str(key.key))
+        elif isinstance(key, jax.tree_util.SequenceKey):
+            parts.append(str(key.idx))
+        elif isinstance(key, jax.tree_util.FlattenedIndexKey):
+            parts.append(str(key.key))
+        else:
+            parts.append(str(key))
+    return "/".join(parts)
+
+
+def _matcher(rules: Rules | None, strategy: str) -> Matcher:
+    """``rules`` as one function ``(path, leaf) -> (spec, where it comes from) | None``."""
+    if rules is None:
+        return lambda path, leaf: None
+    if callable(rules):
+        fn = rules
+
+        def by_function(path: str, leaf: Any) -> tuple[Any, str] | None:
+            spec = fn(path, leaf)
+            return None if spec is None else (spec, "the rules function")
+
+        return by_function
+    pairs = list(rules.items()) if isinstance(rules, Mapping) else list(rules)
+    compiled = []
+    for i, pair in enumerate(pairs):
+        if not (isinstance(pair, tuple | list) and len(pair) == 2):
+            raise TypeError(
+                f"{strategy}: rule {i} is {pair!r}; a rule is a pair (regex, PartitionSpec), "
+                f'e.g. ("dense/kernel", PartitionSpec(None, "model")).'
+            )
+        pattern, spec = pair
+        if not isinstance(pattern, str):
+            raise TypeError(f"{strategy}: rule {i} has pattern {pattern!r}; use a regex string.")
+        if not isinstance(spec, PartitionSpec):
+            raise TypeError(
+                f"{strategy}: rule {pattern!r} maps to {spec!r}, not a PartitionSpec; write "
+                f"jax.sharding.PartitionSpec(...) (PartitionSpec() replicates)."
+            )
+        try:
+            compiled.append((re.compile(pattern), spec))
+        except re.error as error:
+            raise ValueError(
+                f"{strategy}: rule {pattern!r} is not a valid regex: {error}"
+            ) from None
+
+    def by_rules(path: str, leaf: Any) -> tuple[Any, str] | None:
+        for regex, spec in compiled:
+            if regex.search(path):
+                return spec, f"rule {regex.pattern!r}"
+        return None
+
+    return by_rules
+
+
+def _axis_names(entry: Any) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    if isinstance(entry, str):
+        return (entry,)
+    return tuple(entry)
+
+
+def _fit(
+    spec: PartitionSpec, shape: tuple[int, ...], mesh: jax.sharding.Mesh
+) -> tuple[list[Any], str | None]:
+    """``spec`` as one entry per dimension, or the reason it does not fit ``shape``."""
+    entries = list(spec)
+    if len(entries) > len(shape):
+        return entries, f"has {len(entries)} entries but the array has {len(shape)} dimensions"
+    for d, entry in enumerate(entries):
+        names = _axis_names(entry)
+        for name in names:
+            if name not in mesh.axis_names:
+                return entries, f"names axis {name!r}, but the mesh has axes {mesh.axis_names}"
+        size = int(np.prod([mesh.shape[name] for name in names]))
+        if shape[d] % size:
+            return entries, (
+                f"splits dimension {d} (size {shape[d]}) over {size} devices "
+                f"({'x'.join(names)}), which does not divide it"
+            )
+    return entries + [None] * (len(shape) - len(entries)), None
+
+
+def _add_fsdp(
+    entries: list[Any], shape: tuple[int, ...], axis: str | tuple[str, ...], size: int
+) -> list[Any]:
+    """Splits the largest unsplit dimension that divides by ``size`` over ``axis``."""
+    names = _axis_names(axis)
+    if any(name in _axis_names(entry) for entry in entries for name in names):
+        return entries
+    candidates = [d for d, entry in enumerate(entries) if entry is None and shape[d] % size == 0]
+    if not candidates:
+        return entries
+    best = max(candidates, key=lambda d: (shape[d], -d))
+    entries = list(entries)
+    entries[best] = axis
+    return entries
+
+
+def partition_specs(
+    tree: Any,
+    rules: Rules | None = None,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+    fsdp_axis: str | tuple[str, ...] | None = None,
+    strategy: str = "partition_specs",
+) -> Any:
+    """The ``PartitionSpec`` of every array in ``tree`` (a state), as the sharded strategies
+    place it: the first of ``rules`` whose regex ``re.search`` es the array's
+    :func:`key_path`, else its partitioning metadata, else replicated; with ``fsdp_axis``,
+    the largest dimension left unsplit that divides by that axis's size is split over it.
+
+    A spec that does not fit its array (too many entries, an axis the mesh lacks, a
+    dimension that does not divide) is an error naming the array and the rule, except for
+    optimizer-state arrays (under ``opt_state``), which are replicated instead: rules are
+    written for parameters, and optimizer states hold other shapes too (counts, factored
+    moments).
+
+    Args:
+        tree: any pytree, e.g. a :class:`~ciclo.managed.ManagedState`.
+        rules: ``[(regex, PartitionSpec), ...]``, a ``{regex: PartitionSpec}`` dict, or a
+            function ``(path, leaf) -> PartitionSpec | None``.
+        mesh: the mesh the specs refer to (default: every device on an axis ``"data"``).
+        fsdp_axis: the data axis to split parameters over as well (``"fsdp"``), or None.
+        strategy: the name errors mention.
+
+    Returns:
+        A pytree like ``tree`` with a ``PartitionSpec`` in place of every array.
+
+    Example:
+        >>> import ciclo, jax, jax.numpy as jnp
+        >>> from jax.sharding import PartitionSpec as P
+        >>> params = {"dense": {"kernel": jnp.zeros((4, 16)), "bias": jnp.zeros(16)}}
+        >>> ciclo.managed.partition_specs(params, [("kernel", P(None, "data"))])
+        {'dense': {'bias': P(), 'kernel': P(None, 'data')}}
+    """
+    mesh = data_mesh(strategy, mesh, "data") if mesh is None else mesh
+    return _partition_specs(tree, _matcher(rules, strategy), mesh, fsdp_axis, strategy)
+
+
+def _partition_specs(
+    tree: Any,
+    match: Matcher,
+    mesh: jax.sharding.Mesh,
+    fsdp_axis: str | tuple[str, ...] | None,
+    strategy: str,
+) -> Any:
+    _load_entry_points()
+    fsdp_size = (
+        int(np.prod([mesh.shape[name] for name in _axis_names(fsdp_axis)]))
+        if fsdp_axis is not None
+        else 0
+    )
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    nodes = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_annotated if _READERS else None)[
+        0
+    ]
+    specs: list[PartitionSpec] = []
+    for path, node in nodes:
+        reader = _reader(node) if _READERS else None
+        if reader is not None:
+            inner = jax.tree_util.tree_leaves(node)
+            annotated = reader(node)
+        else:
+            inner, annotated = [node], None
+        name = key_path(path)
+        lenient = bool(path) and key_path(path[:1]) == "opt_state"
+        for leaf in inner:
+            specs.append(
+                _leaf_spec(
+                    name, leaf, match, annotated, mesh, fsdp_axis, fsdp_size, lenient, strategy
+                )
+            )
+    if len(specs) != len(leaves):  # an annotated node flattened differently: a reader bug
+        raise RuntimeError(f"{strategy}: found {len(specs)} arrays, expected {len(leaves)}.")
+    return jax.tree_util.tree_unflatten(treedef, specs)
+
+
+def _leaf_spec(
+    name: str,
+    leaf: Any,
+    match: Matcher,
+    annotated: PartitionSpec | None,
+    mesh: jax.sharding.Mesh,
+    fsdp_axis: str | tuple[str, ...] | None,
+    fsdp_size: int,
+    lenient: bool,
+    strategy: str,
+) -> PartitionSpec:
+    shape = tuple(np.shape(leaf))
+    dtype = getattr(leaf, "dtype", None)
+    if not shape or (dtype is not None and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)):
+        return cast(PartitionSpec, _spec())
+    found = match(name, leaf)
+    if found is None and annotated is not None:
+        found = (annotated, "its partitioning metadata")
+    entries: list[Any] = [None] * len(shape)
+    if found is not None:
+        spec, source = found
+        if not isinstance(spec, PartitionSpec):
+            raise TypeError(
+                f"{strategy}: {source} gives {name} {spec!r}, not a PartitionSpec; return "
+                f"jax.sharding.PartitionSpec(...) or None."
+            )
+        fitted, problem = _fit(spec, shape, mesh)
+        if problem is None:
+            entries = fitted
+        elif not lenient:
+            raise ValueError(
+                f"{strategy}: {source} gives {name} (shape {shape}) the spec {spec}, which "
+                f"{problem}. Change the rule or the mesh so that every split dimension "
+                f"divides by the number of devices it is split over."
+            )
+    if fsdp_axis is not None:
+        entries = _add_fsdp(entries, shape, fsdp_axis, fsdp_size)
+    while entries and entries[-1] is None:
+        entries.pop()
+    return cast(PartitionSpec, _spec(*entries))
+
+
+def sharded(
+    mesh: jax.sharding.Mesh | None = None,
+    rules: Rules | None = None,
+    *,
+    axis: str | tuple[str, ...] = "data",
+    fsdp: bool = False,
+    donate: bool = False,
+    steps_per_call: int = 1,
+    accumulate_steps: int = 1,
+) -> Strategy:
+    """Model parallelism from rules: every state array is placed on ``mesh`` by its
+    ``PartitionSpec`` (see :func:`partition_specs`: ``rules``, else the model's own
+    partitioning metadata, else replicated), each batch is split along its first axis over
+    the data ``axis``, and ``jax.jit`` compiles the step with those shardings: the compiler
+    inserts the gathers and reductions. The state goes in and comes out as ordinary global
+    arrays; gradients and logs are those of the whole batch, as with ``"jit"``.
+
+    Use a mesh with ``AxisType.Auto`` axes (``jax.make_mesh(..., axis_types=...)``), so the
+    compiler propagates shardings through code written for one device. Multi-host: as
+    :func:`~ciclo.managed.data_parallel` (each process feeds its part of the batch; the
+    state must be the same on every process when placed).
+
+    Args:
+        mesh: the device mesh, e.g. ``jax.make_mesh((2, 4), ("data", "model"),
+            axis_types=(AxisType.Auto,) * 2)`` (default: every device on ``axis``).
+        rules: ``[(regex, PartitionSpec), ...]`` (or a dict, or a function ``(path, leaf)
+            -> PartitionSpec | None``) matched against each array's path in the state,
+            e.g. ``("dense1/kernel", P(None, "model"))``; the first match wins. Paths look
+            like ``params/dense1/kernel`` and ``opt_state/0/trace/dense1/kernel``, so one
+            rule covers a parameter and its optimizer moments.
+        axis: the mesh axis (or axes) the batch is split over.
+        fsdp: also split each array over ``axis``, along its largest dimension that is
+            still unsplit and divides by the axis's size (2-D sharding with ``rules``).
+        donate: donate the input state's buffers (see :func:`~ciclo.managed.jit`).
+        steps_per_call: batches per compiled call (see :func:`~ciclo.managed.jit`).
+        accumulate_steps: micro-batches per training batch (see :func:`~ciclo.managed.jit`).
+
+    Example:
+        >>> import ciclo, jax
+        >>> from jax.sharding import AxisType, PartitionSpec as P
+        >>> mesh = jax.make_mesh((1, 1), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+        >>> strategy = ciclo.managed.sharded(mesh, [("kernel", P(None, "model"))])
+        >>> strategy.name
+        'sharded'
+    """
+    return _sharded("sharded", mesh, rules, axis, fsdp, donate, steps_per_call, accumulate_steps)
+
+
+def fsdp(
+    mesh: jax.sharding.Mesh | None = None,
+    rules: Rules | None = None,
+    *,
+    axis: str | tuple[str, ...] = "data",
+    donate: bool = False,
+    steps_per_call: int = 1,
+    accumulate_steps: int = 1,
+) -> Strategy:
+    """Fully sharded data parallelism: parameters and optimizer state are split over the
+    data ``axis`` (each array along its largest dimension that divides by the number of
+    devices on it, replicated when none does), the batch too; the compiler gathers each
+    parameter where it is used. Each device holds about ``1/n`` of the state instead of
+    all of it; the result equals ``"jit"`` on one device.
+
+    It is :func:`sharded` with ``fsdp=True``: ``rules`` (and the model's partitioning
+    metadata) may also split arrays over other mesh axes (2-D sharding).
+
+    Args:
+        mesh: the device mesh (default: every device on ``axis``).
+        rules: as in :func:`sharded` (default: none).
+        axis: the data axis (or axes).
+        donate, steps_per_call, accumulate_steps: see :func:`~ciclo.managed.jit`.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, optax
+        >>> state = ciclo.managed.ManagedState.create(
+        ...     params={"w": jnp.zeros((64, 8))}, tx=optax.sgd(0.1), strategy="fsdp"
+        ... )
+        >>> state.params["w"].sharding.spec
+        P('data',)
+    """
+    return _sharded("fsdp", mesh, rules, axis, True, donate, steps_per_call, accumulate_steps)
+
+
+def _sharded(
+    name: str,
+    mesh: jax.sharding.Mesh | None,
+    rules: Rules | None,
+    axis: str | tuple[str, ...],
+    fsdp: bool,
+    donate: bool,
+    steps_per_call: int,
+    accumulate_steps: int,
+) -> Strategy:
+    from jax.sharding import NamedSharding
+
+    steps_per_call, accumulate_steps = _counts(name, steps_per_call, accumulate_steps)
+    mesh = data_mesh(name, mesh, axis)
+    match = _matcher(rules, name)  # checks the rules now, not at the first step
+    replicated = NamedSharding(mesh, _spec())
+    fsdp_axis = axis if fsdp else None
+
+    def shardings_of(state: Any) -> Any:
+        specs = _partition_specs(state, match, mesh, fsdp_axis, name)
+        return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs)
+
+    def place_state(state: Any) -> Any:
+        return put_global(state, shardings_of(state))
+
+    def compile_step(fn: StepFn) -> StepFn:
+        # One jit per state structure and shapes, since the shardings depend on them.
+        cache: dict[Any, tuple[StepFn, list[Any]]] = {}
+
+        def run(state: Any, batch: Any, broadcasts: Any) -> Any:
+            leaves, treedef = jax.tree_util.tree_flatten(state)
+            key = (treedef, tuple(np.shape(leaf) for leaf in leaves))
+            entry = cache.get(key)
+            if entry is None:
+                shardings = shardings_of(state)
+                compiled: StepFn = jax.jit(
+                    fn,
+                    in_shardings=(shardings, None, replicated),
+                    out_shardings=(replicated, shardings),
+                    donate_argnums=(0,) if donate else (),
+                )
+                entry = cache[key] = (compiled, jax.tree_util.tree_leaves(shardings))
+            jitted, targets = entry
+            try:
+                return jitted(state, batch, broadcasts)
+            except ValueError:
+                # jit does not move sharded arguments: a state made elsewhere (a callback
+                # that rebuilt params on one device) is placed here, off the hot path.
+                if all(
+                    getattr(leaf, "sharding", target) == target
+                    for leaf, target in zip(leaves, targets, strict=True)
+                ):
+                    raise
+                placed = put_global(leaves, targets)
+                state = jax.tree_util.tree_unflatten(treedef, placed)
+                return jitted(state, batch, broadcasts)
+
+        return run
+
+    return Strategy(
+        name,
+        place_state,
+        batch_placer(name, mesh, axis),
+        compile_step,
+        steps_per_call=steps_per_call,
+        accumulate_steps=accumulate_steps,
+        place_broadcasts=broadcast_placer(replicated),
+    )
+
+
+register_strategy("sharded", sharded)
+register_strategy("fsdp", fsdp)
