@@ -118,6 +118,16 @@ def test_page_code_runs(page, tmp_path):
     run_page(page, tmp_path)
 
 
+_LINK = re.compile(r"\[[^\]]*\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_point_to_files(page):
+    targets = [t for t in _LINK.findall(page.read_text()) if "://" not in t]
+    missing = [t for t in targets if not (page.parent / t).exists()]
+    assert not missing, f"{page.name} links to missing files: {missing}"
+
+
 @pytest.mark.parametrize("block", SKIPPED, ids=lambda b: b.where)
 def test_skipped_block(block):
     """Shows each skipped block and its reason (it must still be valid Python)."""
