@@ -11,28 +11,11 @@ import optax
 
 import ciclo
 import ciclo_haiku
+from ciclo.testing import accuracy, batches
+from ciclo.testing import image_data as images
 
 CE = optax.softmax_cross_entropy_with_integer_labels
 CLASSES = 6
-
-
-def accuracy(logits, labels):
-    return logits.argmax(-1) == labels
-
-
-def images(n, seed):
-    """Small 8x8 one-channel images: a class template plus noise."""
-    templates = np.random.default_rng(0).normal(size=(CLASSES, 8, 8, 1)).astype(np.float32)
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, CLASSES, n).astype(np.int32)
-    noise = rng.normal(size=(n, 8, 8, 1)).astype(np.float32)
-    return templates[labels] + noise, labels
-
-
-def batches(x, y, batch_size, epochs=1):
-    for _ in range(epochs):
-        for i in range(0, len(x) - batch_size + 1, batch_size):
-            yield x[i : i + batch_size], y[i : i + batch_size]
 
 
 def cnn(x, is_training):

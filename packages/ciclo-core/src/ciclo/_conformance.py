@@ -58,6 +58,25 @@ def classification_data(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return inputs.astype(np.float32), labels
 
 
+def image_data(n: int, seed: int, classes: int = 6) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` small 8x8 one-channel images (NHWC), a class template plus noise, and their
+    labels: the data on which the adapters' training tests compare frameworks."""
+    templates = np.random.default_rng(0).normal(size=(classes, 8, 8, 1)).astype(np.float32)
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, classes, n).astype(np.int32)
+    noise = rng.normal(size=(n, 8, 8, 1)).astype(np.float32)
+    return templates[labels] + noise, labels
+
+
+def batches(
+    x: np.ndarray, y: np.ndarray, batch_size: int, epochs: int = 1
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(x, y)`` in batches of ``batch_size`` (an incomplete last batch is dropped)."""
+    for _ in range(epochs):
+        for i in range(0, len(x) - batch_size + 1, batch_size):
+            yield x[i : i + batch_size], y[i : i + batch_size]
+
+
 def sample_inputs(batch_size: int = 2) -> np.ndarray:
     """Inputs to initialize a model for the conformance problem with."""
     return classification_data(batch_size, seed=99)[0]

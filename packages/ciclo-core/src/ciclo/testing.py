@@ -24,5 +24,7 @@ from ._conformance import CLASSES as CLASSES
 from ._conformance import FEATURES as FEATURES
 from ._conformance import AdapterConformance as AdapterConformance
 from ._conformance import accuracy as accuracy
+from ._conformance import batches as batches
 from ._conformance import classification_data as classification_data
+from ._conformance import image_data as image_data
 from ._conformance import sample_inputs as sample_inputs
