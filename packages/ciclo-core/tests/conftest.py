@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import ciclo
-import ciclo._elapsed
+import ciclo._time._elapsed
 
 W_TRUE = np.array([1.0, -2.0, 0.5], np.float32)
 
@@ -79,7 +79,7 @@ def regression() -> Regression:
 
 
 class FakeClock:
-    """Stands in for the ``time`` module inside ``ciclo._elapsed``: time only moves when a
+    """Stands in for the ``time`` module inside ``ciclo._time._elapsed``: time only moves when a
     test says so."""
 
     def __init__(self) -> None:
@@ -95,5 +95,5 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(ciclo._elapsed, "_time", fake)
+    monkeypatch.setattr(ciclo._time._elapsed, "_time", fake)
     return fake

@@ -11,8 +11,7 @@ import pytest
 
 import ciclo
 import ciclo.testing
-from ciclo import _discovery
-from ciclo.adapters import FunctionState
+from ciclo.adapters import FunctionState, _discovery
 from ciclo.testing import CLASSES, FEATURES
 
 

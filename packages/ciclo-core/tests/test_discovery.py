@@ -8,8 +8,7 @@ import sys
 import pytest
 
 import ciclo
-from ciclo import _discovery
-from ciclo.adapters import Adapter, AdapterLoadError, AdapterNotInstalledError
+from ciclo.adapters import Adapter, AdapterLoadError, AdapterNotInstalledError, _discovery
 
 
 class FakeEntryPoint:

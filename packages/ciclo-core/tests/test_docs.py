@@ -10,7 +10,7 @@ import pytest
 
 import ciclo
 
-MODULES = sorted(m.name for m in pkgutil.iter_modules(ciclo.__path__, "ciclo."))
+MODULES = sorted(m.name for m in pkgutil.walk_packages(ciclo.__path__, "ciclo."))
 
 
 @pytest.mark.parametrize("name", MODULES)

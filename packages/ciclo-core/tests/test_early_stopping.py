@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ciclo
-from ciclo import _host
+from ciclo._records import _host
 
 
 def run(values, stop=None, epoch_duration=1, test_duration=None, **options):

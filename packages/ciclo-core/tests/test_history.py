@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import ciclo
-import ciclo._host
+import ciclo._records._host
 
 
 def at_step(i: int, batch_size: int = 2) -> ciclo.Elapsed:
@@ -19,13 +19,13 @@ def at_step(i: int, batch_size: int = 2) -> ciclo.Elapsed:
 def to_host_calls(monkeypatch):
     """Counts calls of the one device->host function."""
     calls = []
-    real = ciclo._host.to_host
+    real = ciclo._records._host.to_host
 
     def counting(tree):
         calls.append(tree)
         return real(tree)
 
-    monkeypatch.setattr(ciclo._host, "to_host", counting)
+    monkeypatch.setattr(ciclo._records._host, "to_host", counting)
     return calls
 
 

@@ -1,5 +1,5 @@
 """No device->host transfer per step: every fetch of a log value goes through
-``ciclo._host.to_host``, and a loop calls it far less than once per step.
+``ciclo._records._host.to_host``, and a loop calls it far less than once per step.
 
 On CPU ``jax.transfer_guard`` does not fire, so the checks count calls instead: of
 ``to_host`` itself, and of the arrays' host conversion outside ``to_host`` (which would
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import ciclo
-import ciclo._host
+import ciclo._records._host
 
 STEPS = 1000
 
@@ -32,7 +32,7 @@ class FetchSpy:
 def spy(monkeypatch):
     """Counts ``to_host`` calls and, where JAX lets us, conversions that bypass it."""
     counts = FetchSpy()
-    real_to_host = ciclo._host.to_host
+    real_to_host = ciclo._records._host.to_host
 
     def to_host(tree):
         counts.to_host_calls += 1
@@ -42,7 +42,7 @@ def spy(monkeypatch):
         finally:
             counts.inside -= 1
 
-    monkeypatch.setattr(ciclo._host, "to_host", to_host)
+    monkeypatch.setattr(ciclo._records._host, "to_host", to_host)
 
     # Every host conversion of a jax.Array (np.asarray, float, bool, .item(), device_get)
     # reads its `_value` property.
@@ -69,7 +69,7 @@ def test_the_spy_sees_a_hidden_fetch(spy):
     x = jnp.ones(2) + 1
     float(x[0])
     assert spy.hidden_fetches == 1
-    ciclo._host.to_host({"x": x})
+    ciclo._records._host.to_host({"x": x})
     assert spy.hidden_fetches == 1
     assert spy.to_host_calls == 1
 

@@ -16,7 +16,7 @@ import optax
 import pytest
 
 import ciclo
-from ciclo import _host
+from ciclo._records import _host
 
 # --- a tiny softmax classifier --------------------------------------------------------------
 RNG = np.random.default_rng(0)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import ciclo
-from ciclo import _host
-from ciclo._progress import Frame
+from ciclo._records import _host
+from ciclo.callbacks._progress import Frame
 
 
 @jax.jit

@@ -354,7 +354,7 @@ def test_names_are_registered():
 def test_a_broken_metadata_entry_point_is_a_warning(monkeypatch):
     import importlib.metadata
 
-    from ciclo import _sharding
+    from ciclo.managed import _sharding
 
     class Broken:
         name, value = "broken", "broken_adapter:register"

@@ -12,8 +12,7 @@ from flax import nnx
 
 import ciclo
 import ciclo_flax
-from ciclo import _discovery
-from ciclo.adapters import AdapterNotInstalledError
+from ciclo.adapters import AdapterNotInstalledError, _discovery
 from ciclo.testing import accuracy, batches
 from ciclo.testing import image_data as images
 

@@ -156,7 +156,7 @@ def test_an_nnx_model_with_sharding_annotations_trains_without_rules():
 def test_importing_ciclo_flax_registers_the_readers():
     from flax.core import meta
 
-    from ciclo import _sharding
+    from ciclo.managed import _sharding
 
     assert meta.Partitioned in _sharding._READERS
     assert nnx.Variable in _sharding._READERS
@@ -164,7 +164,7 @@ def test_importing_ciclo_flax_registers_the_readers():
 
 
 def test_core_finds_the_readers_through_the_entry_point(monkeypatch):
-    from ciclo import _sharding
+    from ciclo.managed import _sharding
 
     # As in a process that never imported ciclo_flax: no readers, entry points not loaded.
     monkeypatch.setattr(_sharding, "_READERS", {})

@@ -12,8 +12,7 @@ import pytest
 
 import ciclo
 import ciclo_haiku
-from ciclo import _discovery
-from ciclo.adapters import AdapterNotInstalledError
+from ciclo.adapters import AdapterNotInstalledError, _discovery
 
 CE = optax.softmax_cross_entropy_with_integer_labels
 LOSSES = {"loss": CE}

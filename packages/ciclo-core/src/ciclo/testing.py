@@ -19,12 +19,12 @@ Example::
             return ciclo_flax.create_state(model, ciclo.testing.sample_inputs(), **kwargs)
 """
 
-from ._conformance import CHECKS as CHECKS
-from ._conformance import CLASSES as CLASSES
-from ._conformance import FEATURES as FEATURES
-from ._conformance import AdapterConformance as AdapterConformance
-from ._conformance import accuracy as accuracy
-from ._conformance import batches as batches
-from ._conformance import classification_data as classification_data
-from ._conformance import image_data as image_data
-from ._conformance import sample_inputs as sample_inputs
+from .adapters._conformance import CHECKS as CHECKS
+from .adapters._conformance import CLASSES as CLASSES
+from .adapters._conformance import FEATURES as FEATURES
+from .adapters._conformance import AdapterConformance as AdapterConformance
+from .adapters._conformance import accuracy as accuracy
+from .adapters._conformance import batches as batches
+from .adapters._conformance import classification_data as classification_data
+from .adapters._conformance import image_data as image_data
+from .adapters._conformance import sample_inputs as sample_inputs

@@ -38,10 +38,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _host
-from ._elapsed import Elapsed
-from ._history import History
-from ._logs import Logs
+from .._records import _host
+from .._records._history import History
+from .._records._logs import Logs
+from .._time._elapsed import Elapsed
 
 __all__ = ["Restored", "restore", "restore_best", "resume", "capture", "Capture", "checkpoint_path"]
 

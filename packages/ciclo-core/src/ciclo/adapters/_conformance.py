@@ -17,11 +17,11 @@ except ImportError as error:  # pragma: no cover - pytest is a test dependency
         "ciclo.testing runs the adapter conformance suite with pytest: pip install pytest"
     ) from error
 
-from ._adapter import AdapterState, mean_metric
-from ._discovery import adapter_for, get_adapter
-from ._logs import Logs
-from ._loop import loop
-from ._schedules import every
+from .._loop._engine import loop
+from .._records._logs import Logs
+from .._time._schedules import every
+from ..adapters._adapter import AdapterState, mean_metric
+from ..adapters._discovery import adapter_for, get_adapter
 
 __all__ = [
     "CLASSES",
@@ -289,7 +289,7 @@ class AdapterConformance:
         """``ciclo.train_loop`` trains and evaluates after each epoch with the state's own
         steps; ``ciclo.predict_loop`` collects the predictions."""
         self._check("train_loop")
-        from ._loops import predict_loop, train_loop
+        from .._loops._loops import predict_loop, train_loop
 
         state, history, elapsed = train_loop(
             self.state(),
@@ -499,9 +499,9 @@ class AdapterConformance:
         self._check("checkpoint")
         import tempfile
 
-        from ._checkpoint import checkpoint
-        from ._loops import train_loop
-        from ._resume import restore
+        from .._checkpoint._callback import checkpoint
+        from .._checkpoint._resume import restore
+        from .._loops._loops import train_loop
 
         batches = list(_batches(8, BATCH, seed=7))
         reference, reference_history, _ = train_loop(self.state(), batches, stop=8)

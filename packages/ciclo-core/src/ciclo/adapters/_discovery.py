@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
-from ._adapter import Adapter
+from ..adapters._adapter import Adapter
 
 __all__ = [
     "AdapterNotInstalledError",
@@ -124,7 +124,7 @@ def get_adapter(name: str) -> Adapter:
         >>> ciclo.adapters.get_adapter("no-such-framework")
         Traceback (most recent call last):
         ...
-        ciclo._discovery.AdapterNotInstalledError: no ciclo adapter named ...
+        ciclo.adapters._discovery.AdapterNotInstalledError: no ciclo adapter named ...
     """
     if name in _LOADED:
         return _LOADED[name]

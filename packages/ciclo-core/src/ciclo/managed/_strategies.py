@@ -25,7 +25,7 @@ what it computes: the same ``train_step`` (yours, or one an adapter provides) ru
 on one device, on a pod, fused or accumulated, and you change one object to scale it.
 
 Strategies are looked up by name (``"eager"``, ``"jit"``, ``"data-parallel"``, ``"pmap"``,
-and from :mod:`ciclo._sharding` ``"fsdp"`` and ``"sharded"``); :func:`register_strategy`
+and from :mod:`ciclo.managed._sharding` ``"fsdp"`` and ``"sharded"``); :func:`register_strategy`
 adds a name.
 """
 

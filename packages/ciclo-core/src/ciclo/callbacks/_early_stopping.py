@@ -12,10 +12,10 @@ from typing import IO, Any, Literal
 import jax
 import numpy as np
 
-from . import _host
-from ._callback import LoopCallbackBase, LoopState
-from ._elapsed import Elapsed, Period, as_period
-from ._logs import Logs
+from .._loop._callback import LoopCallbackBase, LoopState
+from .._records import _host
+from .._records._logs import Logs
+from .._time._elapsed import Elapsed, Period, as_period
 
 __all__ = ["early_stopping", "terminate_on_nan", "EarlyStopping", "TerminateOnNaN"]
 

@@ -14,10 +14,10 @@ import time as _time
 from collections.abc import Mapping
 from typing import IO, Any, NamedTuple
 
-from . import _host
-from ._callback import LoopCallbackBase, LoopState
-from ._elapsed import Elapsed, Period
-from ._loops import period_unit
+from .._loop._callback import LoopCallbackBase, LoopState
+from .._loops._loops import period_unit
+from .._records import _host
+from .._time._elapsed import Elapsed, Period
 
 __all__ = ["keras_bar", "tqdm_bar", "display_values"]
 

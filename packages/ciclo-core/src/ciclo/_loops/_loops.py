@@ -20,20 +20,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._callback import (
+from .._loop._callback import (
     LoopCallback,
     LoopCallbackBase,
     LoopState,
     _positional_arity,
     callback_name,
 )
-from ._elapsed import Elapsed, Period, as_period
-from ._history import History
-from ._inner_loop import AggregationSpec, Aggregator, inner_loop
-from ._logs import Logs
-from ._loop import _InFlight, loop
-from ._named import NAMED_SCHEDULES, STATE_METHODS, NamedSchedule, named_schedule
-from ._schedules import Schedule, always, every
+from .._loop._engine import _InFlight, loop
+from .._loops._named import NAMED_SCHEDULES, STATE_METHODS, NamedSchedule, named_schedule
+from .._records._history import History
+from .._records._logs import Logs
+from .._time._elapsed import Elapsed, Period, as_period
+from .._time._schedules import Schedule, always, every
+from ..callbacks._inner_loop import AggregationSpec, Aggregator, inner_loop
 
 __all__ = [
     "train_loop",

@@ -10,9 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._elapsed import Elapsed
-from ._history import History
-from ._logs import Logs
+from .._records._history import History
+from .._records._logs import Logs
+from .._time._elapsed import Elapsed
 
 __all__ = ["Aggregator", "aggregate_history", "inner_loop", "rename_logs"]
 

@@ -7,9 +7,10 @@ import os
 import tempfile
 from typing import Any
 
-from . import _host, _resume
-from ._callback import LoopCallbackBase, LoopState
-from ._schedules import Schedule, every
+from .._checkpoint import _resume
+from .._loop._callback import LoopCallbackBase, LoopState
+from .._records import _host
+from .._time._schedules import Schedule, every
 
 __all__ = ["checkpoint", "Checkpoint"]
 

@@ -12,14 +12,14 @@ from typing import Any, cast
 
 import jax
 
-from . import _resume
-from ._callback import NO_CHANGE, Callback, LoopState, as_callback, callback_name
-from ._elapsed import Elapsed, Period, elapse
-from ._history import History
-from ._logs import Logs
-from ._named import NamedSchedule
-from ._schedules import Schedule, as_schedule
-from ._signals import exit_if_terminated, stop_gracefully_on
+from .._checkpoint import _resume
+from .._loop._callback import NO_CHANGE, Callback, LoopState, as_callback, callback_name
+from .._loop._signals import exit_if_terminated, stop_gracefully_on
+from .._loops._named import NamedSchedule
+from .._records._history import History
+from .._records._logs import Logs
+from .._time._elapsed import Elapsed, Period, elapse
+from .._time._schedules import Schedule, as_schedule
 
 __all__ = ["loop", "Tasks", "run_callbacks", "normalize_tasks"]
 

@@ -6,9 +6,9 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ._elapsed import Elapsed, default_batch_size
-from ._history import History
-from ._logs import Logs
+from .._records._history import History
+from .._records._logs import Logs
+from .._time._elapsed import Elapsed, default_batch_size
 
 __all__ = [
     "LoopState",
@@ -145,7 +145,7 @@ class LoopCallbackBase:
     """
 
     def default_schedule(self) -> Any:
-        from ._schedules import always
+        from .._time._schedules import always
 
         return always()
 

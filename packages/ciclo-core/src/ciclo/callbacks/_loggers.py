@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _host
-from ._callback import LoopCallbackBase, LoopState
-from ._elapsed import Elapsed
-from ._progress import display_values
+from .._loop._callback import LoopCallbackBase, LoopState
+from .._records import _host
+from .._time._elapsed import Elapsed
+from ..callbacks._progress import display_values
 
 __all__ = ["csv_logger", "tensorboard_logger", "CSVLogger", "TensorBoardLogger"]
 

@@ -28,7 +28,7 @@ from typing import Any, cast
 import jax
 import numpy as np
 
-from ._strategies import (
+from ..managed._strategies import (
     StepFn,
     Strategy,
     _counts,

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax  # type: ignore[import-untyped]
 
-from ._callback import LoopState
-from ._logs import Logs
-from ._strategies import Strategy, get_strategy
+from .._loop._callback import LoopState
+from .._records._logs import Logs
+from ..managed._strategies import Strategy, get_strategy
 
 __all__ = ["ManagedState", "ManagedStep", "train_step", "step"]
 

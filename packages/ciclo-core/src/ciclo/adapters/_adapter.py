@@ -22,9 +22,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ._logs import Logs
-from ._managed import ManagedState, step, train_step
-from ._strategies import Strategy
+from .._records._logs import Logs
+from ..managed._state import ManagedState, step, train_step
+from ..managed._strategies import Strategy
 
 __all__ = [
     "Adapter",

@@ -1,0 +1,1 @@
+"""Checkpoints: the on-disk format, the ``checkpoint`` callback, restore and exact resume."""

@@ -1,0 +1,1 @@
+"""The engine of ``ciclo.loop`` and the callback contract it runs."""

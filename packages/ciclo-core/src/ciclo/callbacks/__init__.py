@@ -1,0 +1,16 @@
+"""The built-in callbacks, in one namespace (each is also at the top level: ``ciclo.keras_bar``).
+
+Example:
+    >>> import ciclo
+    >>> ciclo.callbacks.keras_bar is ciclo.keras_bar
+    True
+"""
+
+from .._checkpoint._callback import checkpoint as checkpoint
+from ._early_stopping import early_stopping as early_stopping
+from ._early_stopping import terminate_on_nan as terminate_on_nan
+from ._inner_loop import inner_loop as inner_loop
+from ._loggers import csv_logger as csv_logger
+from ._loggers import tensorboard_logger as tensorboard_logger
+from ._progress import keras_bar as keras_bar
+from ._progress import tqdm_bar as tqdm_bar
