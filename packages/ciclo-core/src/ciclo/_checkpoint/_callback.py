@@ -7,10 +7,10 @@ import os
 import tempfile
 from typing import Any
 
-from .._checkpoint import _resume
 from .._loop._callback import LoopCallbackBase, LoopState
 from .._records import _host
 from .._time._schedules import Schedule, every
+from . import _resume
 
 __all__ = ["checkpoint", "Checkpoint"]
 

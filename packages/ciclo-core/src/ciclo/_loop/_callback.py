@@ -172,7 +172,7 @@ def callback_name(fn: Any) -> str:
     return name if isinstance(name, str) else type(fn).__name__
 
 
-def _positional_arity(fn: Callable[..., Any]) -> int:
+def positional_arity(fn: Callable[..., Any]) -> int:
     name = callback_name(fn)
     try:
         signature = inspect.signature(fn)
@@ -230,7 +230,7 @@ class Callback:
             self.arity = -1
         elif callable(fn):
             self.method = fn
-            self.arity = _positional_arity(fn)
+            self.arity = positional_arity(fn)
         else:
             raise TypeError(
                 f"{fn!r} is not a callback: give a function taking the first 0-4 of "

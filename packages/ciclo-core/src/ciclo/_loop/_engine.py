@@ -6,20 +6,20 @@ import functools
 import itertools
 import os
 import signal
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import jax
 
 from .._checkpoint import _resume
-from .._loop._callback import NO_CHANGE, Callback, LoopState, as_callback, callback_name
-from .._loop._signals import exit_if_terminated, stop_gracefully_on
 from .._loops._named import NamedSchedule
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period, elapse
 from .._time._schedules import Schedule, as_schedule
+from ._callback import NO_CHANGE, Callback, LoopState, as_callback, callback_name
+from ._in_flight import InFlight
+from ._signals import exit_if_terminated, stop_gracefully_on
 
 __all__ = ["loop", "Tasks", "run_callbacks", "normalize_tasks"]
 
@@ -88,38 +88,6 @@ def _commit(loop_state: LoopState) -> None:
         loop_state.accumulated_logs.merge(logs)
 
 
-class _InFlight:
-    """Bounds how many steps JAX may have queued ahead of Python."""
-
-    __slots__ = ("limit", "queue")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.queue: deque[jax.Array] = deque()
-
-    def push(self, loop_state: LoopState) -> None:
-        if self.limit <= 0:
-            return
-        self.push_tree(loop_state.logs, loop_state.state)
-
-    def push_tree(self, *trees: Any) -> None:
-        """Marks the first array of the first tree that has one as this step's result."""
-        if self.limit <= 0:
-            return
-        marker = None
-        for tree in trees:
-            marker = _first_array(tree)
-            if marker is not None:
-                break
-        else:
-            return
-        self.queue.append(marker)
-        if len(self.queue) > self.limit:
-            oldest = self.queue.popleft()
-            if not oldest.is_deleted():  # donated buffers are gone, and so finished
-                oldest.block_until_ready()
-
-
 def _is_fusable(callback: Callback) -> bool:
     return hasattr(callback.fn, "__loop_callback_many__")
 
@@ -169,7 +137,7 @@ class _Group:
             if callback.observer and not any(callback is o for o in self.observers):
                 self.observers.append(callback)
 
-    def run(self, loop_state: LoopState, in_flight: _InFlight) -> None:
+    def run(self, loop_state: LoopState, in_flight: InFlight) -> None:
         loop_state.elapsed, loop_state.batch = self.elapsed[-1], self.batches[-1]
         if len(self.batches) == 1:  # a plain step
             loop_state.logs = self.before_logs
@@ -253,7 +221,7 @@ def _start_step(
     elapsed: Elapsed,
     batch: Any,
     fired: Iterator[Callback],
-    in_flight: _InFlight,
+    in_flight: InFlight,
 ) -> _Group | None:
     """Runs a step's callbacks in order, up to a fused callback (K > 1): then asks the
     remaining schedules and returns the group that step starts. Without one, the step is
@@ -276,7 +244,7 @@ def _run_steps(
     loop_state: LoopState,
     steps: elapse,
     task_list: list[tuple[Schedule, list[Callback]]],
-    in_flight: _InFlight,
+    in_flight: InFlight,
 ) -> None:
     """Runs every batch: the callbacks whose schedules fire, in order, then a commit of the
     step's logs. Consecutive steps of a fused callback run as one group (see :func:`loop`).
@@ -348,19 +316,6 @@ def _run_end_hooks(hooks: list[Any], loop_state: LoopState, error: BaseException
                 hook_error.add_note(f"(in ciclo callback {callback_name(owner)}.__loop_end__)")
                 raise
             error.add_note(f"(and {callback_name(owner)}.__loop_end__ failed: {hook_error!r})")
-
-
-def _first_array(tree: Any) -> jax.Array | None:
-    if isinstance(tree, Logs):  # the common case, without flattening
-        for values in tree.values():
-            for value in values.values():
-                if isinstance(value, jax.Array):
-                    return value
-        return None
-    for leaf in jax.tree_util.tree_leaves(tree):
-        if isinstance(leaf, jax.Array):
-            return leaf
-    return None
 
 
 def loop(
@@ -469,7 +424,7 @@ def loop(
     source = dataset if resume is None else _resume.resume(resume, loop_state)
     steps = elapse(source, stop=stop, initial=loop_state.elapsed, batch_size_fn=batch_size_fn)
     loop_state.elapsed = steps.elapsed
-    in_flight = _InFlight(max_steps_in_flight)
+    in_flight = InFlight(max_steps_in_flight)
 
     run_callbacks(start_callbacks, loop_state)
     if loop_state.resumed:  # the checkpoint's history already holds them

@@ -24,16 +24,17 @@ from .._loop._callback import (
     LoopCallback,
     LoopCallbackBase,
     LoopState,
-    _positional_arity,
     callback_name,
+    positional_arity,
 )
-from .._loop._engine import _InFlight, loop
-from .._loops._named import NAMED_SCHEDULES, STATE_METHODS, NamedSchedule, named_schedule
+from .._loop._engine import loop
+from .._loop._in_flight import InFlight
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period, as_period
 from .._time._schedules import Schedule, always, every
 from ..callbacks._inner_loop import AggregationSpec, Aggregator, inner_loop
+from ._named import NAMED_SCHEDULES, STATE_METHODS, NamedSchedule, named_schedule
 
 __all__ = [
     "train_loop",
@@ -127,7 +128,7 @@ class _StateMethod:
         bound = getattr(state, self.method)
         arity = self._arity.get(type(state))
         if arity is None:
-            arity = self._arity[type(state)] = _positional_arity(bound)
+            arity = self._arity[type(state)] = positional_arity(bound)
             if arity > 3:
                 raise TypeError(
                     f"state.{self.method} takes {arity} arguments besides the state; a loop "
@@ -706,7 +707,7 @@ def test_loop(
         aggregator = Aggregator({**TEST_AGGREGATION, **(aggregation or {})})
     else:
         aggregator = Aggregator(aggregation)
-    in_flight = _InFlight(loop_kwargs.pop("max_steps_in_flight", 2))
+    in_flight = InFlight(loop_kwargs.pop("max_steps_in_flight", 2))
     result: list[Logs] = []
 
     def accumulate(loop_state: LoopState) -> None:
@@ -802,7 +803,7 @@ def predict_loop(
         "predict_loop", PREDICT_SCHEDULES, "on_predict_step", state, tasks, callbacks
     )
     registry.require_step("predict_step")
-    in_flight = _InFlight(loop_kwargs.pop("max_steps_in_flight", 2))
+    in_flight = InFlight(loop_kwargs.pop("max_steps_in_flight", 2))
     collected: dict[str, list[Any]] = {}
 
     def collect(loop_state: LoopState) -> None:

@@ -11,9 +11,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._records import _host
-from .._records._logs import Logs
 from .._time._elapsed import Elapsed
+from . import _host
+from ._logs import Logs
 
 __all__ = ["History", "history"]
 
@@ -450,7 +450,7 @@ class History:
         Example:
             >>> history.plot("loss", "accuracy_test", path="run.png")  # doctest: +SKIP
         """
-        from .._records._plot import plot_history
+        from ._plot import plot_history
 
         return plot_history(self, keys, path=path, x=x, title=title)
 

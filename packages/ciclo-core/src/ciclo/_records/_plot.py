@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .._records._history import History
+    from ._history import History
 
 __all__ = ["plot_history"]
 

@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._time._elapsed import Elapsed, Period, _check_period_value, as_period
+from ._elapsed import Elapsed, Period, _check_period_value, as_period
 
 __all__ = ["Schedule", "every", "after", "piecewise", "always", "never", "as_schedule"]
 

@@ -10,22 +10,22 @@ Example:
     Batch(inputs=1, targets=2, sample_weight=None)
 """
 
-from ..adapters._adapter import STATIC as STATIC
-from ..adapters._adapter import Adapter as Adapter
-from ..adapters._adapter import AdapterState as AdapterState
-from ..adapters._adapter import Batch as Batch
-from ..adapters._adapter import BatchFormat as BatchFormat
-from ..adapters._adapter import FunctionState as FunctionState
-from ..adapters._adapter import StatefulMetric as StatefulMetric
-from ..adapters._adapter import Static as Static
-from ..adapters._adapter import as_key as as_key
-from ..adapters._adapter import is_stateful_metric as is_stateful_metric
-from ..adapters._adapter import mean_metric as mean_metric
-from ..adapters._adapter import reduce_values as reduce_values
-from ..adapters._discovery import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
-from ..adapters._discovery import AdapterLoadError as AdapterLoadError
-from ..adapters._discovery import AdapterNotInstalledError as AdapterNotInstalledError
-from ..adapters._discovery import adapter_for as adapter_for
-from ..adapters._discovery import get_adapter as get_adapter
-from ..adapters._discovery import installed_adapters as installed_adapters
-from ..adapters._discovery import register_adapter as register_adapter
+from ._adapter import STATIC as STATIC
+from ._adapter import Adapter as Adapter
+from ._adapter import AdapterState as AdapterState
+from ._adapter import Batch as Batch
+from ._adapter import BatchFormat as BatchFormat
+from ._adapter import FunctionState as FunctionState
+from ._adapter import StatefulMetric as StatefulMetric
+from ._adapter import Static as Static
+from ._adapter import as_key as as_key
+from ._adapter import is_stateful_metric as is_stateful_metric
+from ._adapter import mean_metric as mean_metric
+from ._adapter import reduce_values as reduce_values
+from ._discovery import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
+from ._discovery import AdapterLoadError as AdapterLoadError
+from ._discovery import AdapterNotInstalledError as AdapterNotInstalledError
+from ._discovery import adapter_for as adapter_for
+from ._discovery import get_adapter as get_adapter
+from ._discovery import installed_adapters as installed_adapters
+from ._discovery import register_adapter as register_adapter

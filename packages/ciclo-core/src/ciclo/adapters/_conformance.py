@@ -20,8 +20,8 @@ except ImportError as error:  # pragma: no cover - pytest is a test dependency
 from .._loop._engine import loop
 from .._records._logs import Logs
 from .._time._schedules import every
-from ..adapters._adapter import AdapterState, mean_metric
-from ..adapters._discovery import adapter_for, get_adapter
+from ._adapter import AdapterState, mean_metric
+from ._discovery import adapter_for, get_adapter
 
 __all__ = [
     "CLASSES",

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
-from ..adapters._adapter import Adapter
+from ._adapter import Adapter
 
 __all__ = [
     "AdapterNotInstalledError",

@@ -16,7 +16,7 @@ import numpy as np
 from .._loop._callback import LoopCallbackBase, LoopState
 from .._records import _host
 from .._time._elapsed import Elapsed
-from ..callbacks._progress import display_values
+from ._progress import display_values
 
 __all__ = ["csv_logger", "tensorboard_logger", "CSVLogger", "TensorBoardLogger"]
 

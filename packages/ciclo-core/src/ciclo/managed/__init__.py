@@ -8,20 +8,20 @@ Example:
     True
 """
 
-from ..managed._sharding import fsdp as fsdp
-from ..managed._sharding import key_path as key_path
-from ..managed._sharding import partition_specs as partition_specs
-from ..managed._sharding import register_partition_metadata as register_partition_metadata
-from ..managed._sharding import sharded as sharded
-from ..managed._state import ManagedState as ManagedState
-from ..managed._state import ManagedStep as ManagedStep
-from ..managed._state import step as step
-from ..managed._state import train_step as train_step
-from ..managed._strategies import Strategy as Strategy
-from ..managed._strategies import data_parallel as data_parallel
-from ..managed._strategies import eager as eager
-from ..managed._strategies import get_strategy as get_strategy
-from ..managed._strategies import jit as jit
-from ..managed._strategies import pmap as pmap
-from ..managed._strategies import register_strategy as register_strategy
-from ..managed._strategies import strategy_names as strategy_names
+from ._sharding import fsdp as fsdp
+from ._sharding import key_path as key_path
+from ._sharding import partition_specs as partition_specs
+from ._sharding import register_partition_metadata as register_partition_metadata
+from ._sharding import sharded as sharded
+from ._state import ManagedState as ManagedState
+from ._state import ManagedStep as ManagedStep
+from ._state import step as step
+from ._state import train_step as train_step
+from ._strategies import Strategy as Strategy
+from ._strategies import data_parallel as data_parallel
+from ._strategies import eager as eager
+from ._strategies import get_strategy as get_strategy
+from ._strategies import jit as jit
+from ._strategies import pmap as pmap
+from ._strategies import register_strategy as register_strategy
+from ._strategies import strategy_names as strategy_names

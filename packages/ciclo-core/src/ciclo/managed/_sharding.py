@@ -28,7 +28,7 @@ from typing import Any, cast
 import jax
 import numpy as np
 
-from ..managed._strategies import (
+from ._strategies import (
     StepFn,
     Strategy,
     _counts,

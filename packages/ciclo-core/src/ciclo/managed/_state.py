@@ -16,7 +16,7 @@ import optax  # type: ignore[import-untyped]
 
 from .._loop._callback import LoopState
 from .._records._logs import Logs
-from ..managed._strategies import Strategy, get_strategy
+from ._strategies import Strategy, get_strategy
 
 __all__ = ["ManagedState", "ManagedStep", "train_step", "step"]
 
