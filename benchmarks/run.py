@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -30,17 +31,30 @@ SCRIPTS = [
 
 def _table(rows: list[dict]) -> list[str]:
     lines = [
-        "| benchmark | candidate | median | min-max | ratio | target |",
-        "|---|---|---:|---:|---:|---|",
+        "| benchmark | candidate | median | min-max | ratio | overhead | target |",
+        "|---|---|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         if "candidate" not in r:
             continue
         lines.append(
             f"| {r['benchmark']} | {r['candidate']} | {r['median']:.2f} {r['unit']} | "
-            f"{r['min']:.2f}-{r['max']:.2f} | {r['ratio']:.3f} | {r.get('target', '')} |"
+            f"{r['min']:.2f}-{r['max']:.2f} | {r['ratio']:.3f} | {_overhead(r)} | "
+            f"{r.get('target', '')} |"
         )
     return lines
+
+
+def _overhead(row: dict) -> str:
+    """The time over the baseline, per step (blank for the baseline itself)."""
+    if row["candidate"] == row.get("baseline") or "overhead" not in row:
+        return ""
+    return f"{row['overhead']:+.2f} {row['unit']}"
+
+
+def _load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f}, {five:.2f}, {fifteen:.2f} (1, 5, 15 min)"
 
 
 def main() -> None:
@@ -50,6 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     scripts = [s for s in SCRIPTS if (HERE / s).exists() and (not args.only or s in args.only)]
     failures = []
+    load_before = _load()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.jsonl"
         for script in scripts:
@@ -72,6 +87,8 @@ def main() -> None:
     from _harness import machine_info
 
     info = machine_info()
+    info["load average before"] = load_before
+    info["load average after"] = _load()
     lines = ["# Benchmark results", "", "Written by `nox -s bench` (`benchmarks/run.py`).", ""]
     lines += [f"- {k}: {v}" for k, v in info.items()]
     lines += ["", "## Timings (medians of alternating runs in one process)", ""]
