@@ -10,9 +10,9 @@ from . import managed as managed
 from ._checkpoint._callback import Checkpoint as Checkpoint
 from ._checkpoint._callback import checkpoint as checkpoint
 from ._checkpoint._evaluate import evaluate_checkpoints as evaluate_checkpoints
-from ._checkpoint._resume import Restored as Restored
-from ._checkpoint._resume import restore as restore
-from ._checkpoint._resume import restore_best as restore_best
+from ._checkpoint._restore import Restored as Restored
+from ._checkpoint._restore import restore as restore
+from ._checkpoint._restore import restore_best as restore_best
 from ._loop._callback import Callback as Callback
 from ._loop._callback import LoopCallback as LoopCallback
 from ._loop._callback import LoopCallbackBase as LoopCallbackBase

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 from .._loop._callback import LoopCallbackBase, LoopState
 from .._records import _host
 from .._time._schedules import Schedule, every
-from . import _resume
+from . import _format
 
 __all__ = ["checkpoint", "Checkpoint"]
 
@@ -78,7 +77,7 @@ class Checkpoint(LoopCallbackBase):
                 f"checkpoint(monitor={monitor!r}): monitor must be the name of a log entry, "
                 f"e.g. 'loss' or 'metrics.accuracy'."
             )
-        self.directory = _resume.checkpoint_path(directory)
+        self.directory = _format.checkpoint_path(directory)
         self.keep, self.monitor, self.mode = keep, monitor, mode
         self.async_save, self.save_on_end = async_save, save_on_end
         _prepare_directory(self.directory)
@@ -130,38 +129,13 @@ class Checkpoint(LoopCallbackBase):
 
     def _open(self) -> Any:
         if self._manager is None:
-            import orbax.checkpoint as ocp
-            from orbax.checkpoint import checkpoint_managers as policies
-
-            best_fn = None
-            if self.monitor is None:
-                preservation: Any = policies.LatestN(n=self.keep)
-            else:
-                worst = math.inf if self.mode == "min" else -math.inf
-
-                def best_fn(metrics: Any) -> float:
-                    value = float(metrics["value"])
-                    return worst if math.isnan(value) else value
-
-                preservation = policies.AnyPreservationPolicy(
-                    [
-                        policies.LatestN(n=1),  # the latest is always kept, to resume from
-                        policies.BestN(
-                            get_metric_fn=best_fn,
-                            reverse=self.mode == "min",
-                            n=self.keep,
-                            keep_checkpoints_without_metrics=False,
-                        ),
-                    ]
-                )
-            options = ocp.CheckpointManagerOptions(
-                enable_async_checkpointing=self.async_save,
-                preservation_policy=preservation,
-                best_fn=best_fn,
-                best_mode=self.mode,
-                cleanup_tmp_directories=True,
+            self._manager = _format.open_writer(
+                self.directory,
+                keep=self.keep,
+                monitor=self.monitor,
+                mode=self.mode,
+                async_save=self.async_save,
             )
-            self._manager = ocp.CheckpointManager(self.directory, options=options)
         return self._manager
 
     def _monitored_value(self, loop_state: LoopState) -> float:
@@ -212,20 +186,7 @@ class Checkpoint(LoopCallbackBase):
             else:
                 self._last_step = step
                 return False
-        import orbax.checkpoint as ocp
-
-        captured = _resume.capture(loop_state)
-        items: dict[str, Any] = {"meta": ocp.args.JsonSave(captured.meta)}
-        if captured.state is not None:
-            items["state"] = ocp.args.StandardSave(captured.state)
-        if captured.copies:
-            items["copies"] = ocp.args.StandardSave(captured.copies)
-        if captured.arrays:
-            items["arrays"] = ocp.args.StandardSave(captured.arrays)
-        metrics = None
-        if value is not None:
-            metrics = {"value": value, "monitor": self.monitor, "mode": self.mode}
-        manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
+        _format.save(manager, loop_state, value=value, monitor=self.monitor, mode=self.mode)
         self._last_step = step
         if not self.async_save or self._ended is loop_state:
             self.wait()  # nothing would wait for a save after the loop's end

@@ -12,7 +12,7 @@ from .._loops._loops import test_loop
 from .._records._history import History
 from .._records._logs import Logs
 from ..callbacks._inner_loop import rename_logs
-from . import _resume
+from . import _format, _restore
 
 __all__ = ["evaluate_checkpoints"]
 
@@ -49,7 +49,7 @@ def _datasets(dataset: Any) -> dict[str | None, DatasetFactory]:
 
 def _saved_steps(path: str) -> list[int]:
     """The steps of the complete checkpoints in ``path`` (none while it does not exist)."""
-    manager = _resume._open(path, must_exist=False)
+    manager = _format.open_reader(path, must_exist=False)
     if manager is None:
         return []
     try:
@@ -141,7 +141,7 @@ def evaluate_checkpoints(
         >>> history.collect("steps", "score")
         ([1, 3, 5], [2.0, 6.0, 10.0])
     """
-    path = _resume.checkpoint_path(directory)
+    path = _format.checkpoint_path(directory)
     sets = _datasets(dataset)
     if poll_interval <= 0:
         raise ValueError(f"evaluate_checkpoints(poll_interval={poll_interval!r}) must be > 0.")
@@ -152,11 +152,11 @@ def evaluate_checkpoints(
     done = set(history.collect("steps")) if len(history) else set()
     last = max(done) if done else None
     if not follow and not _saved_steps(path):
-        _resume._open(path, must_exist=True)  # raises the error that says what is missing
+        _format.open_reader(path, must_exist=True)  # raises the error that says what is missing
 
     def evaluate(step: int) -> bool:
         try:
-            restored = _resume.restore(path, state, step=step)
+            restored = _restore.restore(path, state, step=step)
         except FileNotFoundError:  # deleted by the trainer's keep=... since it was listed
             return False
         logs = Logs()

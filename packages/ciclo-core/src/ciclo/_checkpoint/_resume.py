@@ -1,19 +1,10 @@
-"""Exact resume: what a checkpoint holds about a run, and how a loop continues from it.
+"""Exact resume: how ``ciclo.loop(..., resume=directory)`` continues a run from its latest
+checkpoint (what a checkpoint holds is :mod:`._format`'s business).
 
-A checkpoint of ``ciclo.checkpoint`` is one orbax step directory with up to four items:
-
-- ``state``: the state pytree (``StandardSave``), in its own structure, so plain orbax can
-  read it too. Leaves orbax cannot store (strings, functions, empty arrays) are not saved:
-  they come from the state given to restore into.
-- ``meta``: plain Python (``JsonSave``): elapsed, the data position, a description of the
-  state's leaves (to check a restore target), the state of every schedule and stateful
-  callback, the history and the loop's latest logs.
-- ``arrays``: the NumPy arrays found in ``meta`` (history columns...), ``StandardSave``;
-  ``meta`` refers to them by name.
-- ``copies``: pytrees shaped like the state found in callback states (early stopping's best
-  state), saved and restored like the state (same shardings); ``meta`` refers to them.
-
-Data already consumed is skipped on resume, in the first way the dataset allows:
+The loop's state, ``elapsed``, history and latest logs are put back; every schedule and
+every stateful callback loads its saved state (the tasks must be those of the interrupted
+run, in the same order). Data already consumed is skipped, in the first way the dataset
+allows:
 
 1. The dataset has ``state_dict()`` and ``load_state_dict(state)`` (the torchdata
    ``StatefulDataLoader`` convention): its state is saved with each checkpoint and loaded
@@ -29,590 +20,30 @@ Data already consumed is skipped on resume, in the first way the dataset allows:
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from .._records import _host
-from .._records._history import History
+from .._loop._callback import LoopState
 from .._records._logs import Logs
-from .._time._elapsed import Elapsed
+from . import _format
 
-__all__ = ["Restored", "restore", "restore_best", "resume", "capture", "Capture", "checkpoint_path"]
+__all__ = ["resume", "load_tasks", "skip_consumed"]
 
-FORMAT = 1
-_ARRAY = "__ciclo_array__"
-_STATE = "__ciclo_state__"
-_VALUE_KINDS = ("jax", "numpy", "numpy-scalar", "python")
 
-
-class Restored(NamedTuple):
-    """What :func:`restore` reads: ``(state, history, elapsed)``, like a loop returns."""
-
-    state: Any
-    history: History
-    elapsed: Elapsed
-
-
-# --- paths ------------------------------------------------------------------------------
-def checkpoint_path(directory: str | os.PathLike[str]) -> str:
-    """An absolute local path (orbax needs one), or a URL such as ``gs://...`` as given."""
-    try:
-        text = os.fspath(directory)
-    except TypeError:
-        raise TypeError(
-            f"a checkpoint directory must be a str or a path, got {directory!r} "
-            f"({type(directory).__name__})."
-        ) from None
-    if not isinstance(text, str):
-        text = os.fsdecode(text)
-    if "://" in text:
-        return text
-    return os.path.abspath(os.path.expanduser(text))
-
-
-def _open(path: str, *, must_exist: bool) -> Any:
-    """A ``CheckpointManager`` to read ``path``; ``None`` when there is nothing to read
-    and ``must_exist`` is false."""
-    if "://" not in path:
-        if not os.path.exists(path):
-            if not must_exist:
-                return None
-            raise FileNotFoundError(
-                f"checkpoint directory {path!r} does not exist. Give the directory that "
-                f"ciclo.checkpoint(...) wrote to."
-            )
-        if not os.path.isdir(path):
-            raise NotADirectoryError(
-                f"checkpoint directory {path!r} is a file, not a directory. Give the "
-                f"directory that ciclo.checkpoint(...) wrote to."
-            )
-    import orbax.checkpoint as ocp
-
-    # Not read_only=True: orbax logs a warning for it. Nothing is written without a save.
-    options = ocp.CheckpointManagerOptions(create=False, enable_async_checkpointing=False)
-    manager = ocp.CheckpointManager(path, options=options)
-    if not manager.all_steps():
-        manager.close()
-        if not must_exist:
-            return None
-        raise FileNotFoundError(
-            f"checkpoint directory {path!r} holds no checkpoint (no completed step "
-            f"directory). Checkpoints whose writing was interrupted are not counted."
-        )
-    return manager
-
-
-# --- plain-Python metadata with NumPy arrays ------------------------------------------------
-def _split(value: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
-    """``value`` with every NumPy array replaced by a reference into ``arrays`` (for JSON)."""
-    if value is None or isinstance(value, str | bool | int | float):
-        return value
-    if isinstance(value, Mapping):
-        out = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(
-                    f"cannot save {where} in a checkpoint: key {key!r} is a "
-                    f"{type(key).__name__}; use str keys (JSON objects have str keys)."
-                )
-            out[key] = _split(item, arrays, f"{where}[{key!r}]")
-        return out
-    if isinstance(value, list | tuple):
-        return [_split(item, arrays, f"{where}[{i}]") for i, item in enumerate(value)]
-    if isinstance(value, np.ndarray | np.generic) and value.dtype != object:
-        array = np.asarray(value)
-        ref: dict[str, Any] = {
-            _ARRAY: None,
-            "shape": list(array.shape),
-            "dtype": array.dtype.name,
-            "scalar": isinstance(value, np.generic),
-        }
-        if array.size:  # orbax cannot store empty arrays; their shape says it all
-            ref[_ARRAY] = f"a{len(arrays)}"
-            arrays[ref[_ARRAY]] = array.copy() if isinstance(value, np.ndarray) else array
-        return ref
-    raise TypeError(
-        f"cannot save {where} in a checkpoint: it holds a {type(value).__name__} "
-        f"({str(value)[:60]!r}). A checkpoint stores JSON values (dicts with str keys, lists, "
-        f"str, int, float, bool, None) and NumPy arrays."
-    )
-
-
-def _join(value: Any, arrays: Mapping[str, Any], copies: Mapping[str, Any]) -> Any:
-    """Undoes :func:`_split` (tuples come back as lists) and puts back the state-shaped
-    trees of :func:`_extract_copies`."""
-    if isinstance(value, dict):
-        if _STATE in value:
-            return copies.get(value[_STATE])  # None when they were not read
-        if _ARRAY in value:
-            name = value[_ARRAY]
-            dtype = np.dtype(value["dtype"])
-            array = (
-                np.zeros(value["shape"], dtype)
-                if name is None
-                else np.asarray(arrays[name], dtype=dtype)
-            )
-            return array[()] if value["scalar"] else array
-        return {key: _join(item, arrays, copies) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_join(item, arrays, copies) for item in value]
-    return value
-
-
-# --- the state pytree ------------------------------------------------------------------------
-def _flatten(state: Any) -> tuple[list[tuple[Any, Any]], Any]:
-    # None counts as a leaf so that a placeholder None keeps the structure intact.
-    return jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda x: x is None)
-
-
-def _kind(leaf: Any) -> str:
-    if leaf is None:
-        return "none"
-    if isinstance(leaf, jax.Array):
-        return "jax"
-    if isinstance(leaf, np.ndarray):
-        return "numpy" if leaf.dtype != object else "other"
-    if isinstance(leaf, np.generic):
-        return "numpy-scalar"
-    if isinstance(leaf, bool | int | float):
-        return "python"
-    return "other"
-
-
-def _describe(path: Any, leaf: Any) -> list[Any]:
-    """``[path, kind, shape, dtype, saved]`` of one leaf, JSON-able."""
-    kind = _kind(leaf)
-    if kind in ("jax", "numpy", "numpy-scalar"):
-        shape = list(np.shape(leaf))
-        dtype = str(leaf.dtype)
-        saved = math.prod(shape) > 0
-    elif kind == "python":
-        shape, dtype, saved = [], type(leaf).__name__, True
-    else:
-        shape, dtype, saved = None, type(leaf).__name__, False
-    return [jax.tree_util.keystr(path), kind, shape, dtype, saved]
-
-
-def _state_to_save(state: Any) -> tuple[Any, list[list[Any]]]:
-    """The tree orbax saves (unsaved leaves as ``None``; ``None`` if nothing is saved) and
-    the description of every leaf."""
-    leaves, treedef = _flatten(state)
-    described = [_describe(path, leaf) for path, leaf in leaves]
-    values = [
-        (np.asarray(leaf) if isinstance(leaf, np.generic) else leaf) if d[4] else None
-        for (_, leaf), d in zip(leaves, described, strict=True)
-    ]
-    if not any(d[4] for d in described):
-        return None, described
-    return _wrap(jax.tree_util.tree_unflatten(treedef, values), treedef), described
-
-
-def _wrap(tree: Any, treedef: Any) -> Any:
-    # orbax's StandardSave takes a tree, not a lone array or scalar.
-    return {"value": tree} if jax.tree_util.treedef_is_leaf(treedef) else tree
-
-
-def _check_structure(saved: list[list[Any]], target: list[list[Any]], where: str) -> None:
-    problems: list[str] = []
-    saved_paths = [d[0] for d in saved]
-    target_paths = [d[0] for d in target]
-    if saved_paths != target_paths:
-        missing = [p for p in saved_paths if p not in set(target_paths)]
-        extra = [p for p in target_paths if p not in set(saved_paths)]
-        if missing:
-            problems.append(f"leaves in the checkpoint but not in the state: {missing[:5]}")
-        if extra:
-            problems.append(f"leaves in the state but not in the checkpoint: {extra[:5]}")
-        if not missing and not extra:
-            problems.append("the same leaves in a different order")
-    else:
-        for s, t in zip(saved, target, strict=True):
-            s_value, t_value = s[1] in _VALUE_KINDS, t[1] in _VALUE_KINDS
-            if s_value != t_value:
-                problems.append(f"{t[0]}: the checkpoint holds a {s[3]} there, the state a {t[3]}")
-            elif s_value and s[2] != t[2]:
-                problems.append(
-                    f"{t[0]}: shape {tuple(s[2])} {s[3]} in the checkpoint, "
-                    f"{tuple(t[2])} {t[3]} in the state"
-                )
-            if len(problems) >= 5:
-                break
-    if problems:
-        raise ValueError(
-            f"cannot restore {where} into this state: it does not have the structure of "
-            f"the saved one ({'; '.join(problems)}). Restore into a state built exactly "
-            f"like the one that was saved (same model, optimizer and fields)."
-        )
-
-
-def _is_key(value: Any) -> bool:
-    return bool(jnp.issubdtype(value.dtype, jax.dtypes.prng_key))
-
-
-def _uncommitted(value: Any) -> Any:
-    """``value`` as an uncommitted array on the default device (free to move, as a freshly
-    created array is), through host memory."""
-    if _is_key(value):
-        data = jax.device_put(np.asarray(jax.random.key_data(value)))
-        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(value))
-    return jax.device_put(np.asarray(value))
-
-
-def _like(target: Any, value: Any) -> Any:
-    """``value`` with the type, dtype and placement (sharding, committed or not) of
-    ``target``."""
-    if isinstance(target, jax.Array):
-        if not isinstance(value, jax.Array):
-            value = jax.device_put(np.asarray(value, dtype=target.dtype), target.sharding)
-        elif value.dtype != target.dtype:
-            value = value.astype(target.dtype)
-        if not target.committed:
-            return _uncommitted(value) if value.committed else value
-        if value.sharding != target.sharding:
-            value = jax.device_put(value, target.sharding)
-        return value
-    if isinstance(target, np.ndarray):
-        return np.asarray(value, dtype=target.dtype)
-    if isinstance(target, np.generic):
-        return target.dtype.type(np.asarray(value).item())
-    if isinstance(target, bool | int | float) and not isinstance(value, type(target)):
-        return type(target)(np.asarray(value).item())
-    return value
-
-
-def _restore_target(target: Any, saved: list[Any]) -> Any:
-    """What orbax restores one saved leaf into."""
-    import orbax.checkpoint as ocp
-
-    if saved[1] == "python":
-        return {"bool": False, "int": 0, "float": 0.0}.get(saved[3], 0.0)
-    if isinstance(target, jax.Array):
-        return ocp.utils.to_shape_dtype_struct(target)
-    dtype = target.dtype if isinstance(target, np.ndarray | np.generic) else saved[3]
-    return _abstract(saved[2], dtype)
-
-
-def _abstract(shape: Sequence[int], dtype: Any) -> Any:
-    """A host (NumPy) array to restore into, as orbax wants it: no sharding."""
-    return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))  # type: ignore[no-untyped-call]
-
-
-# --- saving -------------------------------------------------------------------------------------
-def _stateful(owner: Any) -> bool:
-    return callable(getattr(owner, "state_dict", None)) and callable(
-        getattr(owner, "load_state_dict", None)
-    )
-
-
-def _is_pytree_node(value: Any) -> bool:
-    return not jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value))
-
-
-def stateful_callbacks(tasks: Sequence[tuple[Any, Sequence[Any]]]) -> list[Any]:
-    """The distinct callback objects of ``tasks`` with ``state_dict``/``load_state_dict``
-    (also reached through their bound methods; a state's own methods are not callbacks)."""
-    found: dict[int, Any] = {}
-    for _, callbacks in tasks:
-        for callback in callbacks:
-            fn = getattr(callback, "fn", callback)
-            owner = getattr(fn, "__self__", None)
-            for candidate in (fn, owner):
-                if candidate is None or not _stateful(candidate):
-                    continue
-                if candidate is owner and _is_pytree_node(owner):
-                    continue
-                found.setdefault(id(candidate), candidate)
-                break
-    return list(found.values())
-
-
-def _is_sequence(dataset: Any) -> bool:
-    return isinstance(dataset, np.ndarray | jax.Array) or (
-        isinstance(dataset, Sequence) and not isinstance(dataset, str | bytes)
-    )
-
-
-def _is_stateful_dataset(dataset: Any) -> bool:
-    return _stateful(dataset) and not _is_sequence(dataset)
-
-
-def _extract_copies(value: Any, state_def: Any, copies: dict[str, Any]) -> Any:
-    """``value`` with every pytree shaped like the state (early stopping's best state...)
-    moved to ``copies`` and replaced by a reference: orbax saves them like the state."""
-    leaves, treedef = _flatten(value)
-    if treedef == state_def:
-        name = f"s{len(copies)}"
-        copies[name] = value
-        return {_STATE: name, "leaves": [_describe(p, leaf) for p, leaf in leaves]}
-    if isinstance(value, Mapping):
-        return {key: _extract_copies(item, state_def, copies) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_extract_copies(item, state_def, copies) for item in value]
-    return value
-
-
-class Capture(NamedTuple):
-    """What one checkpoint holds, ready for orbax (see the module docstring)."""
-
-    state: Any  # the state tree to save, or None when no leaf can be saved
-    copies: dict[str, Any]  # trees shaped like the state, from callback states
-    arrays: dict[str, np.ndarray]  # the NumPy arrays of ``meta``
-    meta: dict[str, Any]
-
-
-def capture(loop_state: Any) -> Capture:
-    """What a checkpoint of ``loop_state`` holds, at the end of a step."""
-    state_tree, described = _state_to_save(loop_state.state)
-    state_def = _flatten(loop_state.state)[1]
-    copies: dict[str, Any] = {}
-    owners = stateful_callbacks(loop_state.tasks)
-    callbacks = [
-        {"name": type(owner).__qualname__, "state": owner.state_dict()} for owner in owners
-    ]
-    if not jax.tree_util.treedef_is_leaf(state_def):
-        callbacks = _extract_copies(callbacks, state_def, copies)
-    dataset = loop_state.dataset
-    live: dict[str, Any] = _host.to_host(
-        {
-            "logs": {c: dict(entries) for c, entries in loop_state.accumulated_logs.items()},
-            "callbacks": callbacks,
-            "dataset": dataset.state_dict() if _is_stateful_dataset(dataset) else None,
-        }
-    )
-    arrays: dict[str, np.ndarray] = {}
-    meta = {
-        "format": FORMAT,
-        "elapsed": loop_state.elapsed.to_dict(),
-        "initial_elapsed": loop_state.initial_elapsed.to_dict(),
-        "data": {
-            "position": loop_state.elapsed.steps - loop_state.initial_elapsed.steps,
-            "state": _split(live["dataset"], arrays, "the dataset's state_dict()"),
-        },
-        "state_leaves": described,
-        "schedules": [schedule.state_dict() for schedule, _ in loop_state.tasks],
-        "callbacks": [
-            {
-                "name": c["name"],
-                "state": _split(c["state"], arrays, f"the state_dict() of callback {c['name']}"),
-            }
-            for c in live["callbacks"]
-        ],
-        "history": _split(loop_state.history.state_dict(), arrays, "the history"),
-        "logs": _split(live["logs"], arrays, "the latest logs"),
-    }
-    saved_copies = {}
-    for name, tree in copies.items():
-        to_save, _ = _state_to_save(tree)
-        if to_save is not None:
-            saved_copies[name] = to_save
-    return Capture(state_tree, saved_copies, arrays, meta)
-
-
-# --- reading ------------------------------------------------------------------------------------
-class _Read(NamedTuple):
-    state: Any
-    meta: dict[str, Any]
-    step: int
-
-
-def _abstract_state(target: Any, saved: list[list[Any]]) -> Any:
-    """What orbax restores a state saved as described by ``saved`` into, shaped like
-    ``target`` (``None`` when no leaf was saved)."""
-    if not any(d[4] for d in saved):
-        return None
-    leaves, treedef = _flatten(target)
-    abstract = [
-        _restore_target(leaf, d) if d[4] else None
-        for (_, leaf), d in zip(leaves, saved, strict=True)
-    ]
-    return _wrap(jax.tree_util.tree_unflatten(treedef, abstract), treedef)
-
-
-def _fill(target: Any, saved: list[list[Any]], restored: Any) -> Any:
-    """``target`` with the restored leaves, each placed like the target's."""
-    if restored is None:
-        return target
-    leaves, treedef = _flatten(target)
-    tree = restored["value"] if jax.tree_util.treedef_is_leaf(treedef) else restored
-    values, _ = _flatten(tree)
-    return jax.tree_util.tree_unflatten(
-        treedef,
-        [
-            _like(leaf, value) if d[4] else leaf
-            for (_, leaf), (_, value), d in zip(leaves, values, saved, strict=True)
-        ],
-    )
-
-
-def _read(manager: Any, path: str, step: int, target: Any, *, copies: bool = True) -> _Read:
-    """Reads checkpoint ``step``; the state-shaped trees of callback states (``copies``)
-    only when asked (a resumed loop needs them, ``restore`` does not)."""
-    import orbax.checkpoint as ocp
-
-    where = f"checkpoint {step} in {path!r}"
-    meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ValueError(
-            f"{where} was not written by ciclo.checkpoint (or by an incompatible version: "
-            f"format {meta.get('format') if isinstance(meta, dict) else None}, expected "
-            f"{FORMAT})."
-        )
-    described = [_describe(p, leaf) for p, leaf in _flatten(target)[0]]
-    _check_structure(meta["state_leaves"], described, where)
-    items: dict[str, Any] = {}
-    abstract = _abstract_state(target, meta["state_leaves"])
-    if abstract is not None:
-        items["state"] = ocp.args.StandardRestore(abstract)
-    arrays_refs: list[dict[str, Any]] = []
-    copies_refs: list[dict[str, Any]] = []
-    _collect_references(meta, arrays_refs, copies_refs)
-    if arrays_refs:
-        items["arrays"] = ocp.args.StandardRestore(
-            {ref[_ARRAY]: _abstract(ref["shape"], ref["dtype"]) for ref in arrays_refs}
-        )
-    copies_abstract = {}
-    if not copies:
-        copies_refs = []
-    for ref in copies_refs:
-        _check_structure(ref["leaves"], described, f"a copy of the state in {where}")
-        copy_abstract = _abstract_state(target, ref["leaves"])
-        if copy_abstract is not None:
-            copies_abstract[ref[_STATE]] = copy_abstract
-    if copies_abstract:
-        items["copies"] = ocp.args.StandardRestore(copies_abstract)
-    restored = manager.restore(step, args=ocp.args.Composite(**items)) if items else {}
-    state = _fill(target, meta["state_leaves"], restored["state"] if "state" in items else None)
-    restored_copies = restored["copies"] if "copies" in items else {}
-    filled = {
-        ref[_STATE]: _fill(target, ref["leaves"], restored_copies.get(ref[_STATE]))
-        for ref in copies_refs
-    }
-    arrays = restored["arrays"] if "arrays" in items else {}
-    return _Read(state, _join(meta, arrays, filled), step)
-
-
-def _collect_references(
-    value: Any, arrays: list[dict[str, Any]], copies: list[dict[str, Any]]
+def load_tasks(
+    tasks: Sequence[tuple[Any, Sequence[Any]]], contents: _format.Contents, where: str
 ) -> None:
-    if isinstance(value, dict):
-        if _ARRAY in value:
-            if value[_ARRAY] is not None:
-                arrays.append(value)
-            return
-        if _STATE in value:
-            copies.append(value)
-            return
-        for item in value.values():
-            _collect_references(item, arrays, copies)
-    elif isinstance(value, list):
-        for item in value:
-            _collect_references(item, arrays, copies)
-
-
-def _history(meta: Mapping[str, Any], history: History | None = None) -> History:
-    history = History() if history is None else history
-    history.load_state_dict(meta["history"])
-    return history
-
-
-def restore(directory: str | os.PathLike[str], state: Any, *, step: int | None = None) -> Restored:
-    """Reads a checkpoint written by :func:`ciclo.checkpoint`.
-
-    The state comes back in the structure of ``state``, and each array with its dtype and
-    sharding (a sharded ``state`` restores sharded, reading only each device's part).
-    Leaves a checkpoint does not store (strings, functions) are taken from ``state``.
-
-    Args:
-        directory: the checkpoint directory.
-        state: a state built like the saved one (e.g. freshly initialised); only its
-            structure, shapes, dtypes and shardings are used.
-        step: which checkpoint (its ``elapsed.steps``); the latest by default.
-
-    Returns:
-        ``(state, history, elapsed)`` as the checkpointed loop had them.
+    """Loads the saved state of each schedule and stateful callback of ``tasks``.
 
     Raises:
-        FileNotFoundError: no such directory, or no checkpoint in it.
-        ValueError: ``state`` does not have the saved structure (the message lists
-            the differing leaves).
-
-    Example:
-        >>> import ciclo, jax.numpy as jnp, numpy as np, tempfile
-        >>> directory = tempfile.mkdtemp()
-        >>> tasks = {
-        ...     ciclo.every(1): lambda state, batch: state + batch.sum(),
-        ...     ciclo.every(10): ciclo.checkpoint(directory),
-        ... }
-        >>> _ = ciclo.loop(jnp.zeros(()), [np.ones(2)] * 3, tasks)
-        >>> state, history, elapsed = ciclo.restore(directory, jnp.zeros(()))
-        >>> float(state), elapsed.steps
-        (6.0, 3)
+        ValueError: ``tasks`` are not those of the run that wrote the checkpoint.
     """
-    path = checkpoint_path(directory)
-    manager = _open(path, must_exist=True)
-    try:
-        steps = manager.all_steps()
-        if step is None:
-            step = max(steps)
-        elif step not in steps:
-            raise FileNotFoundError(
-                f"no checkpoint of step {step} in {path!r}; it holds steps {sorted(steps)}."
-            )
-        read = _read(manager, path, step, state, copies=False)
-    finally:
-        manager.close()
-    return Restored(read.state, _history(read.meta), Elapsed(**read.meta["elapsed"]))
-
-
-def best_step(manager: Any, path: str) -> int:
-    """The step whose monitored value is best (``ciclo.checkpoint(monitor=...)``)."""
-    scored: list[tuple[float, int]] = []
-    for step in manager.all_steps():
-        metrics = manager.metrics(step)
-        if isinstance(metrics, Mapping) and "value" in metrics:
-            value = float(metrics["value"])
-            if math.isnan(value):
-                continue
-            scored.append((value if metrics.get("mode") == "min" else -value, step))
-    if not scored:
-        raise ValueError(
-            f"no checkpoint in {path!r} has a monitored value, so none is best: write "
-            f"checkpoints with ciclo.checkpoint({path!r}, monitor='<log entry>', mode=...)."
-        )
-    return min(scored)[1]
-
-
-def restore_best(directory: str | os.PathLike[str], state: Any) -> Restored:
-    """Like :func:`restore`, for the checkpoint with the best monitored value
-    (``ciclo.checkpoint(directory, monitor=..., mode=...)``).
-
-    Example:
-        >>> state, history, elapsed = ciclo.restore_best("runs/1", init_state)  # doctest: +SKIP
-    """
-    path = checkpoint_path(directory)
-    manager = _open(path, must_exist=True)
-    try:
-        step = best_step(manager, path)
-    finally:
-        manager.close()
-    return restore(path, state, step=step)
-
-
-# --- resuming a loop --------------------------------------------------------------------------
-def _load_tasks(
-    tasks: Sequence[tuple[Any, Sequence[Any]]], meta: Mapping[str, Any], where: str
-) -> None:
     fix = (
         "Resume with the same tasks (schedules and callbacks, in the same order) as the "
         "interrupted run."
     )
-    saved_schedules = meta["schedules"]
+    saved_schedules = contents.schedules
     if len(saved_schedules) != len(tasks):
         raise ValueError(
             f"{where} was written by a loop with {len(saved_schedules)} tasks; this loop has "
@@ -625,22 +56,27 @@ def _load_tasks(
             raise ValueError(
                 f"cannot restore schedule {schedule!r} (task {i}) from {where}: {error!r}. {fix}"
             ) from error
-    owners = stateful_callbacks(tasks)
-    names = [type(owner).__qualname__ for owner in owners]
-    saved_names = [c["name"] for c in meta["callbacks"]]
+    owners = _format.stateful_callbacks(tasks)
+    names = [_format.callback_name(owner) for owner in owners]
+    saved_names = [name for name, _ in contents.callbacks]
     if names != saved_names:
         raise ValueError(
             f"{where} holds the state of callbacks {saved_names}; this loop's stateful "
             f"callbacks are {names}. {fix}"
         )
-    for owner, saved in zip(owners, meta["callbacks"], strict=True):
-        owner.load_state_dict(saved["state"])
+    for owner, (_, state) in zip(owners, contents.callbacks, strict=True):
+        owner.load_state_dict(state)
 
 
 def skip_consumed(dataset: Any, position: int, state: Any) -> Iterable[Any]:
-    """``dataset`` from its first batch not consumed (see the module docstring)."""
+    """``dataset`` from its first batch not consumed (see the module docstring).
+
+    Example:
+        >>> list(skip_consumed([10, 11, 12, 13], 2, None))
+        [12, 13]
+    """
     if state is not None:
-        if not _is_stateful_dataset(dataset):
+        if not _format.is_stateful_dataset(dataset):
             raise TypeError(
                 f"the checkpoint holds the dataset's state_dict(), but this dataset "
                 f"({type(dataset).__name__}) has no load_state_dict(): resume with the same "
@@ -650,7 +86,7 @@ def skip_consumed(dataset: Any, position: int, state: Any) -> Iterable[Any]:
         return dataset  # type: ignore[no-any-return]
     if position <= 0:
         return dataset  # type: ignore[no-any-return]
-    if _is_sequence(dataset):
+    if _format.is_sequence(dataset):
         return map(dataset.__getitem__, range(position, len(dataset)))
     iterator: Iterator[Any] = iter(dataset)
     for consumed in range(position):
@@ -664,27 +100,25 @@ def skip_consumed(dataset: Any, position: int, state: Any) -> Iterable[Any]:
     return iterator
 
 
-def resume(directory: str | os.PathLike[str], loop_state: Any) -> Iterable[Any]:
+def resume(directory: str | os.PathLike[str], loop_state: LoopState) -> Iterable[Any]:
     """Puts the latest checkpoint in ``directory`` into ``loop_state``; returns what the
     loop should iterate (the dataset past the consumed batches). With no checkpoint
     there, leaves ``loop_state`` as it is and returns its dataset."""
-    path = checkpoint_path(directory)
-    manager = _open(path, must_exist=False)
+    path = _format.checkpoint_path(directory)
+    manager = _format.open_reader(path, must_exist=False)
     if manager is None:
         dataset: Iterable[Any] = loop_state.dataset
         return dataset
     try:
-        read = _read(manager, path, max(manager.all_steps()), loop_state.state)
+        contents = _format.read(manager, path, max(manager.all_steps()), loop_state.state)
     finally:
         manager.close()
-    meta = read.meta
-    where = f"checkpoint {read.step} in {path!r}"
-    _load_tasks(loop_state.tasks, meta, where)
-    loop_state.state = read.state
-    loop_state.elapsed = Elapsed(**meta["elapsed"])
-    loop_state.initial_elapsed = Elapsed(**meta["initial_elapsed"])
-    _history(meta, loop_state.history)
-    loop_state.accumulated_logs = Logs(meta["logs"])
+    where = f"checkpoint {contents.step} in {path!r}"
+    load_tasks(loop_state.tasks, contents, where)
+    loop_state.state = contents.state
+    loop_state.elapsed = contents.elapsed
+    loop_state.initial_elapsed = contents.initial_elapsed
+    loop_state.history.load_state_dict(contents.history)
+    loop_state.accumulated_logs = Logs(contents.logs)
     loop_state.resumed = True
-    data = meta["data"]
-    return skip_consumed(loop_state.dataset, int(data["position"]), data["state"])
+    return skip_consumed(loop_state.dataset, contents.data_position, contents.data_state)

@@ -500,7 +500,7 @@ class AdapterConformance:
         import tempfile
 
         from .._checkpoint._callback import checkpoint
-        from .._checkpoint._resume import restore
+        from .._checkpoint._restore import restore
         from .._loops._loops import train_loop
 
         batches = list(_batches(8, BATCH, seed=7))

@@ -1,0 +1,674 @@
+"""The checkpoint format: the one module that knows how a run is laid out on disk, in both
+directions (writing for ``ciclo.checkpoint``, reading for restore, resume and the evaluator).
+
+A checkpoint directory is an orbax ``CheckpointManager`` directory; each checkpoint is one
+orbax step, named after ``elapsed.steps`` (the count of steps it holds), with up to four
+items:
+
+==========  ================  ===================================================================
+item        orbax handler     what it holds
+==========  ================  ===================================================================
+``state``   ``StandardSave``  the state pytree in its own structure (plain orbax can read it).
+                              Leaves orbax cannot store (strings, functions, empty arrays) are
+                              left out (``None``); they come from the state restored into. A
+                              lone array is saved as ``{"value": array}``. Absent when no leaf
+                              can be saved.
+``meta``    ``JsonSave``      plain Python: the fields below. Always present.
+``arrays``  ``StandardSave``  the NumPy arrays found in ``meta`` (history columns...), which
+                              ``meta`` refers to as ``{"__ciclo_array__": name, "shape",
+                              "dtype", "scalar"}`` (name ``None``: an empty array, not stored).
+``copies``  ``StandardSave``  pytrees shaped like the state found in callback states (early
+                              stopping's best state), saved and restored like the state (same
+                              shardings); ``meta`` refers to them as ``{"__ciclo_state__":
+                              name, "leaves": [...]}``.
+==========  ================  ===================================================================
+
+The fields of ``meta``:
+
+===================  ===========================================================================
+field                what it holds
+===================  ===========================================================================
+``format``           :data:`FORMAT` (``1``); anything else is not a ciclo checkpoint.
+``elapsed``          ``Elapsed.to_dict()`` after the step that was saved.
+``initial_elapsed``  the count the run's loop started from.
+``data``             ``{"position": batches drawn from the dataset, "state": its state_dict()
+                     or None}``.
+``state_leaves``     ``[path, kind, shape, dtype, saved]`` for each leaf of the state: what a
+                     restore target is checked against.
+``schedules``        each task's ``schedule.state_dict()``, in task order.
+``callbacks``        ``[{"name": class qualname, "state": state_dict()}]`` for each distinct
+                     callback with ``state_dict`` / ``load_state_dict``, in task order.
+``history``          ``History.state_dict()``.
+``logs``             the loop's latest logs, ``{collection: {name: value}}``.
+===================  ===========================================================================
+
+The orbax metrics of a checkpoint written with ``monitor=`` are ``{"value": float,
+"monitor": name, "mode": "min" | "max"}``; they rank checkpoints (:func:`best_step`).
+
+Writing: :func:`open_writer`, :func:`save`. Reading: :func:`open_reader`, :func:`read` (a
+:class:`Contents`), :func:`best_step`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._loop._callback import LoopState
+from .._records import _host
+from .._time._elapsed import Elapsed
+
+__all__ = [
+    "FORMAT",
+    "Contents",
+    "checkpoint_path",
+    "open_writer",
+    "open_reader",
+    "save",
+    "read",
+    "best_step",
+    "callback_name",
+    "stateful_callbacks",
+    "is_sequence",
+    "is_stateful_dataset",
+]
+
+#: The version written in ``meta["format"]``; a checkpoint with another one is refused.
+FORMAT = 1
+_ARRAY = "__ciclo_array__"  # a reference from ``meta`` into the ``arrays`` item
+_STATE = "__ciclo_state__"  # a reference from ``meta`` into the ``copies`` item
+_VALUE_KINDS = ("jax", "numpy", "numpy-scalar", "python")
+
+
+# --- paths and managers ----------------------------------------------------------------------
+def checkpoint_path(directory: str | os.PathLike[str]) -> str:
+    """An absolute local path (orbax needs one), or a URL such as ``gs://...`` as given.
+
+    Example:
+        >>> checkpoint_path("gs://bucket/run")
+        'gs://bucket/run'
+    """
+    try:
+        text = os.fspath(directory)
+    except TypeError:
+        raise TypeError(
+            f"a checkpoint directory must be a str or a path, got {directory!r} "
+            f"({type(directory).__name__})."
+        ) from None
+    if not isinstance(text, str):
+        text = os.fsdecode(text)
+    if "://" in text:
+        return text
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def open_writer(
+    path: str, *, keep: int | None, monitor: str | None, mode: str, async_save: bool
+) -> Any:
+    """The ``CheckpointManager`` that ``ciclo.checkpoint`` writes ``path`` with.
+
+    Without ``monitor`` it keeps the latest ``keep`` checkpoints; with it, the best ``keep``
+    by the monitored value (NaN is worst) plus the latest, to resume from.
+    """
+    import orbax.checkpoint as ocp
+    from orbax.checkpoint import checkpoint_managers as policies
+
+    best_fn = None
+    if monitor is None:
+        preservation: Any = policies.LatestN(n=keep)
+    else:
+        worst = math.inf if mode == "min" else -math.inf
+
+        def best_fn(metrics: Any) -> float:
+            value = float(metrics["value"])
+            return worst if math.isnan(value) else value
+
+        preservation = policies.AnyPreservationPolicy(
+            [
+                policies.LatestN(n=1),  # the latest is always kept, to resume from
+                policies.BestN(
+                    get_metric_fn=best_fn,
+                    reverse=mode == "min",
+                    n=keep,
+                    keep_checkpoints_without_metrics=False,
+                ),
+            ]
+        )
+    options = ocp.CheckpointManagerOptions(
+        enable_async_checkpointing=async_save,
+        preservation_policy=preservation,
+        best_fn=best_fn,
+        best_mode=mode,
+        cleanup_tmp_directories=True,
+    )
+    return ocp.CheckpointManager(path, options=options)
+
+
+def open_reader(path: str, *, must_exist: bool) -> Any:
+    """A ``CheckpointManager`` to read ``path``; ``None`` when there is nothing to read
+    and ``must_exist`` is false.
+
+    Raises:
+        FileNotFoundError: (``must_exist``) no such directory, or no complete checkpoint in it.
+        NotADirectoryError: ``path`` is a file.
+    """
+    if "://" not in path:
+        if not os.path.exists(path):
+            if not must_exist:
+                return None
+            raise FileNotFoundError(
+                f"checkpoint directory {path!r} does not exist. Give the directory that "
+                f"ciclo.checkpoint(...) wrote to."
+            )
+        if not os.path.isdir(path):
+            raise NotADirectoryError(
+                f"checkpoint directory {path!r} is a file, not a directory. Give the "
+                f"directory that ciclo.checkpoint(...) wrote to."
+            )
+    import orbax.checkpoint as ocp
+
+    # Not read_only=True: orbax logs a warning for it. Nothing is written without a save.
+    options = ocp.CheckpointManagerOptions(create=False, enable_async_checkpointing=False)
+    manager = ocp.CheckpointManager(path, options=options)
+    if not manager.all_steps():
+        manager.close()
+        if not must_exist:
+            return None
+        raise FileNotFoundError(
+            f"checkpoint directory {path!r} holds no checkpoint (no completed step "
+            f"directory). Checkpoints whose writing was interrupted are not counted."
+        )
+    return manager
+
+
+# --- plain-Python metadata with NumPy arrays ------------------------------------------------
+def _split(value: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
+    """``value`` with every NumPy array replaced by a reference into ``arrays`` (for JSON)."""
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(
+                    f"cannot save {where} in a checkpoint: key {key!r} is a "
+                    f"{type(key).__name__}; use str keys (JSON objects have str keys)."
+                )
+            out[key] = _split(item, arrays, f"{where}[{key!r}]")
+        return out
+    if isinstance(value, list | tuple):
+        return [_split(item, arrays, f"{where}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, np.ndarray | np.generic) and value.dtype != object:
+        array = np.asarray(value)
+        ref: dict[str, Any] = {
+            _ARRAY: None,
+            "shape": list(array.shape),
+            "dtype": array.dtype.name,
+            "scalar": isinstance(value, np.generic),
+        }
+        if array.size:  # orbax cannot store empty arrays; their shape says it all
+            ref[_ARRAY] = f"a{len(arrays)}"
+            arrays[ref[_ARRAY]] = array.copy() if isinstance(value, np.ndarray) else array
+        return ref
+    raise TypeError(
+        f"cannot save {where} in a checkpoint: it holds a {type(value).__name__} "
+        f"({str(value)[:60]!r}). A checkpoint stores JSON values (dicts with str keys, lists, "
+        f"str, int, float, bool, None) and NumPy arrays."
+    )
+
+
+def _join(value: Any, arrays: Mapping[str, Any], copies: Mapping[str, Any]) -> Any:
+    """Undoes :func:`_split` (tuples come back as lists) and puts back the state-shaped
+    trees of :func:`_extract_copies`."""
+    if isinstance(value, dict):
+        if _STATE in value:
+            return copies.get(value[_STATE])  # None when they were not read
+        if _ARRAY in value:
+            name = value[_ARRAY]
+            dtype = np.dtype(value["dtype"])
+            array = (
+                np.zeros(value["shape"], dtype)
+                if name is None
+                else np.asarray(arrays[name], dtype=dtype)
+            )
+            return array[()] if value["scalar"] else array
+        return {key: _join(item, arrays, copies) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_join(item, arrays, copies) for item in value]
+    return value
+
+
+def _collect_references(
+    value: Any, arrays: list[dict[str, Any]], copies: list[dict[str, Any]]
+) -> None:
+    if isinstance(value, dict):
+        if _ARRAY in value:
+            if value[_ARRAY] is not None:
+                arrays.append(value)
+            return
+        if _STATE in value:
+            copies.append(value)
+            return
+        for item in value.values():
+            _collect_references(item, arrays, copies)
+    elif isinstance(value, list):
+        for item in value:
+            _collect_references(item, arrays, copies)
+
+
+# --- the state pytree ------------------------------------------------------------------------
+def _flatten(state: Any) -> tuple[list[tuple[Any, Any]], Any]:
+    # None counts as a leaf so that a placeholder None keeps the structure intact.
+    return jax.tree_util.tree_flatten_with_path(state, is_leaf=lambda x: x is None)
+
+
+def _kind(leaf: Any) -> str:
+    if leaf is None:
+        return "none"
+    if isinstance(leaf, jax.Array):
+        return "jax"
+    if isinstance(leaf, np.ndarray):
+        return "numpy" if leaf.dtype != object else "other"
+    if isinstance(leaf, np.generic):
+        return "numpy-scalar"
+    if isinstance(leaf, bool | int | float):
+        return "python"
+    return "other"
+
+
+def _describe(path: Any, leaf: Any) -> list[Any]:
+    """``[path, kind, shape, dtype, saved]`` of one leaf, JSON-able."""
+    kind = _kind(leaf)
+    if kind in ("jax", "numpy", "numpy-scalar"):
+        shape = list(np.shape(leaf))
+        dtype = str(leaf.dtype)
+        saved = math.prod(shape) > 0
+    elif kind == "python":
+        shape, dtype, saved = [], type(leaf).__name__, True
+    else:
+        shape, dtype, saved = None, type(leaf).__name__, False
+    return [jax.tree_util.keystr(path), kind, shape, dtype, saved]
+
+
+def _state_to_save(state: Any) -> tuple[Any, list[list[Any]]]:
+    """The tree orbax saves (unsaved leaves as ``None``; ``None`` if nothing is saved) and
+    the description of every leaf."""
+    leaves, treedef = _flatten(state)
+    described = [_describe(path, leaf) for path, leaf in leaves]
+    values = [
+        (np.asarray(leaf) if isinstance(leaf, np.generic) else leaf) if d[4] else None
+        for (_, leaf), d in zip(leaves, described, strict=True)
+    ]
+    if not any(d[4] for d in described):
+        return None, described
+    return _wrap(jax.tree_util.tree_unflatten(treedef, values), treedef), described
+
+
+def _wrap(tree: Any, treedef: Any) -> Any:
+    # orbax's StandardSave takes a tree, not a lone array or scalar.
+    return {"value": tree} if jax.tree_util.treedef_is_leaf(treedef) else tree
+
+
+def _check_structure(saved: list[list[Any]], target: list[list[Any]], where: str) -> None:
+    problems: list[str] = []
+    saved_paths = [d[0] for d in saved]
+    target_paths = [d[0] for d in target]
+    if saved_paths != target_paths:
+        missing = [p for p in saved_paths if p not in set(target_paths)]
+        extra = [p for p in target_paths if p not in set(saved_paths)]
+        if missing:
+            problems.append(f"leaves in the checkpoint but not in the state: {missing[:5]}")
+        if extra:
+            problems.append(f"leaves in the state but not in the checkpoint: {extra[:5]}")
+        if not missing and not extra:
+            problems.append("the same leaves in a different order")
+    else:
+        for s, t in zip(saved, target, strict=True):
+            s_value, t_value = s[1] in _VALUE_KINDS, t[1] in _VALUE_KINDS
+            if s_value != t_value:
+                problems.append(f"{t[0]}: the checkpoint holds a {s[3]} there, the state a {t[3]}")
+            elif s_value and s[2] != t[2]:
+                problems.append(
+                    f"{t[0]}: shape {tuple(s[2])} {s[3]} in the checkpoint, "
+                    f"{tuple(t[2])} {t[3]} in the state"
+                )
+            if len(problems) >= 5:
+                break
+    if problems:
+        raise ValueError(
+            f"cannot restore {where} into this state: it does not have the structure of "
+            f"the saved one ({'; '.join(problems)}). Restore into a state built exactly "
+            f"like the one that was saved (same model, optimizer and fields)."
+        )
+
+
+def _is_key(value: Any) -> bool:
+    return bool(jnp.issubdtype(value.dtype, jax.dtypes.prng_key))
+
+
+def _uncommitted(value: Any) -> Any:
+    """``value`` as an uncommitted array on the default device (free to move, as a freshly
+    created array is), through host memory."""
+    if _is_key(value):
+        data = jax.device_put(np.asarray(jax.random.key_data(value)))
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(value))
+    return jax.device_put(np.asarray(value))
+
+
+def _like(target: Any, value: Any) -> Any:
+    """``value`` with the type, dtype and placement (sharding, committed or not) of
+    ``target``."""
+    if isinstance(target, jax.Array):
+        if not isinstance(value, jax.Array):
+            value = jax.device_put(np.asarray(value, dtype=target.dtype), target.sharding)
+        elif value.dtype != target.dtype:
+            value = value.astype(target.dtype)
+        if not target.committed:
+            return _uncommitted(value) if value.committed else value
+        if value.sharding != target.sharding:
+            value = jax.device_put(value, target.sharding)
+        return value
+    if isinstance(target, np.ndarray):
+        return np.asarray(value, dtype=target.dtype)
+    if isinstance(target, np.generic):
+        return target.dtype.type(np.asarray(value).item())
+    if isinstance(target, bool | int | float) and not isinstance(value, type(target)):
+        return type(target)(np.asarray(value).item())
+    return value
+
+
+def _restore_target(target: Any, saved: list[Any]) -> Any:
+    """What orbax restores one saved leaf into."""
+    import orbax.checkpoint as ocp
+
+    if saved[1] == "python":
+        return {"bool": False, "int": 0, "float": 0.0}.get(saved[3], 0.0)
+    if isinstance(target, jax.Array):
+        return ocp.utils.to_shape_dtype_struct(target)
+    dtype = target.dtype if isinstance(target, np.ndarray | np.generic) else saved[3]
+    return _abstract(saved[2], dtype)
+
+
+def _abstract(shape: Sequence[int], dtype: Any) -> Any:
+    """A host (NumPy) array to restore into, as orbax wants it: no sharding."""
+    return jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))  # type: ignore[no-untyped-call]
+
+
+def _abstract_state(target: Any, saved: list[list[Any]]) -> Any:
+    """What orbax restores a state saved as described by ``saved`` into, shaped like
+    ``target`` (``None`` when no leaf was saved)."""
+    if not any(d[4] for d in saved):
+        return None
+    leaves, treedef = _flatten(target)
+    abstract = [
+        _restore_target(leaf, d) if d[4] else None
+        for (_, leaf), d in zip(leaves, saved, strict=True)
+    ]
+    return _wrap(jax.tree_util.tree_unflatten(treedef, abstract), treedef)
+
+
+def _fill(target: Any, saved: list[list[Any]], restored: Any) -> Any:
+    """``target`` with the restored leaves, each placed like the target's."""
+    if restored is None:
+        return target
+    leaves, treedef = _flatten(target)
+    tree = restored["value"] if jax.tree_util.treedef_is_leaf(treedef) else restored
+    values, _ = _flatten(tree)
+    return jax.tree_util.tree_unflatten(
+        treedef,
+        [
+            _like(leaf, value) if d[4] else leaf
+            for (_, leaf), (_, value), d in zip(leaves, values, saved, strict=True)
+        ],
+    )
+
+
+# --- what of a loop is saved --------------------------------------------------------------------
+def _stateful(owner: Any) -> bool:
+    return callable(getattr(owner, "state_dict", None)) and callable(
+        getattr(owner, "load_state_dict", None)
+    )
+
+
+def _is_pytree_node(value: Any) -> bool:
+    return not jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value))
+
+
+def stateful_callbacks(tasks: Sequence[tuple[Any, Sequence[Any]]]) -> list[Any]:
+    """The distinct callback objects of ``tasks`` with ``state_dict``/``load_state_dict``
+    (also reached through their bound methods; a state's own methods are not callbacks):
+    those whose state a checkpoint holds, in this order."""
+    found: dict[int, Any] = {}
+    for _, callbacks in tasks:
+        for callback in callbacks:
+            fn = getattr(callback, "fn", callback)
+            owner = getattr(fn, "__self__", None)
+            for candidate in (fn, owner):
+                if candidate is None or not _stateful(candidate):
+                    continue
+                if candidate is owner and _is_pytree_node(owner):
+                    continue
+                found.setdefault(id(candidate), candidate)
+                break
+    return list(found.values())
+
+
+def callback_name(owner: Any) -> str:
+    """The name a checkpoint records for a stateful callback (its class's qualname)."""
+    return type(owner).__qualname__
+
+
+def is_sequence(dataset: Any) -> bool:
+    """Whether ``dataset`` is indexable by batch (a sequence, a NumPy or JAX array)."""
+    return isinstance(dataset, np.ndarray | jax.Array) or (
+        isinstance(dataset, Sequence) and not isinstance(dataset, str | bytes)
+    )
+
+
+def is_stateful_dataset(dataset: Any) -> bool:
+    """Whether a checkpoint holds ``dataset.state_dict()`` (a non-sequence with
+    ``state_dict`` and ``load_state_dict``)."""
+    return _stateful(dataset) and not is_sequence(dataset)
+
+
+def _extract_copies(value: Any, state_def: Any, copies: dict[str, Any]) -> Any:
+    """``value`` with every pytree shaped like the state (early stopping's best state...)
+    moved to ``copies`` and replaced by a reference: orbax saves them like the state."""
+    leaves, treedef = _flatten(value)
+    if treedef == state_def:
+        name = f"s{len(copies)}"
+        copies[name] = value
+        return {_STATE: name, "leaves": [_describe(p, leaf) for p, leaf in leaves]}
+    if isinstance(value, Mapping):
+        return {key: _extract_copies(item, state_def, copies) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_extract_copies(item, state_def, copies) for item in value]
+    return value
+
+
+# --- writing ------------------------------------------------------------------------------------
+def _items(loop_state: LoopState) -> dict[str, Any]:
+    """The items of a checkpoint of ``loop_state`` (see the tables above), unwrapped."""
+    state_tree, described = _state_to_save(loop_state.state)
+    state_def = _flatten(loop_state.state)[1]
+    copies: dict[str, Any] = {}
+    owners = stateful_callbacks(loop_state.tasks)
+    callbacks = [{"name": callback_name(owner), "state": owner.state_dict()} for owner in owners]
+    if not jax.tree_util.treedef_is_leaf(state_def):
+        callbacks = _extract_copies(callbacks, state_def, copies)
+    dataset = loop_state.dataset
+    live: dict[str, Any] = _host.to_host(
+        {
+            "logs": {c: dict(entries) for c, entries in loop_state.accumulated_logs.items()},
+            "callbacks": callbacks,
+            "dataset": dataset.state_dict() if is_stateful_dataset(dataset) else None,
+        }
+    )
+    arrays: dict[str, np.ndarray] = {}
+    meta = {
+        "format": FORMAT,
+        "elapsed": loop_state.elapsed.to_dict(),
+        "initial_elapsed": loop_state.initial_elapsed.to_dict(),
+        "data": {
+            "position": loop_state.elapsed.steps - loop_state.initial_elapsed.steps,
+            "state": _split(live["dataset"], arrays, "the dataset's state_dict()"),
+        },
+        "state_leaves": described,
+        "schedules": [schedule.state_dict() for schedule, _ in loop_state.tasks],
+        "callbacks": [
+            {
+                "name": c["name"],
+                "state": _split(c["state"], arrays, f"the state_dict() of callback {c['name']}"),
+            }
+            for c in live["callbacks"]
+        ],
+        "history": _split(loop_state.history.state_dict(), arrays, "the history"),
+        "logs": _split(live["logs"], arrays, "the latest logs"),
+    }
+    saved_copies = {}
+    for name, tree in copies.items():
+        to_save, _ = _state_to_save(tree)
+        if to_save is not None:
+            saved_copies[name] = to_save
+    items: dict[str, Any] = {"meta": meta}
+    if state_tree is not None:
+        items["state"] = state_tree
+    if saved_copies:
+        items["copies"] = saved_copies
+    if arrays:
+        items["arrays"] = arrays
+    return items
+
+
+def save(
+    manager: Any,
+    loop_state: LoopState,
+    *,
+    value: float | None = None,
+    monitor: str | None = None,
+    mode: str = "min",
+) -> None:
+    """Starts writing ``loop_state`` (at the end of a step) as checkpoint
+    ``loop_state.elapsed.steps`` with ``manager`` (from :func:`open_writer`); with
+    ``value``, the monitored value that ranks it. The write may go on in the background
+    (``manager.wait_until_finished()``)."""
+    import orbax.checkpoint as ocp
+
+    items = _items(loop_state)
+    args = {
+        name: ocp.args.JsonSave(item) if name == "meta" else ocp.args.StandardSave(item)
+        for name, item in items.items()
+    }
+    metrics = None if value is None else {"value": value, "monitor": monitor, "mode": mode}
+    manager.save(
+        loop_state.elapsed.steps, args=ocp.args.Composite(**args), metrics=metrics, force=True
+    )
+
+
+# --- reading ------------------------------------------------------------------------------------
+class Contents(NamedTuple):
+    """What one checkpoint holds, read back (the ``meta`` fields, decoded)."""
+
+    step: int  #: the checkpoint's step (``elapsed.steps``)
+    state: Any  #: the state, in the structure and placement of the target
+    elapsed: Elapsed
+    initial_elapsed: Elapsed
+    history: dict[str, Any]  #: for ``History.load_state_dict``
+    schedules: list[Any]  #: each task's schedule state, in task order
+    callbacks: list[tuple[str, Any]]  #: ``(callback_name, state)`` of each stateful callback
+    logs: dict[str, Any]  #: the loop's latest logs, ``{collection: {name: value}}``
+    data_position: int  #: how many batches the run had drawn from its dataset
+    data_state: Any  #: the dataset's ``state_dict()``, or ``None``
+
+
+def read(manager: Any, path: str, step: int, target: Any, *, copies: bool = True) -> Contents:
+    """Reads checkpoint ``step`` of ``manager`` (from :func:`open_reader`) into the
+    structure of ``target``; the state-shaped trees of callback states only when
+    ``copies`` (a resumed loop needs them, ``restore`` does not: they come back ``None``).
+
+    Raises:
+        ValueError: not a ciclo checkpoint (of this format), or ``target`` does not have
+            the saved structure.
+    """
+    import orbax.checkpoint as ocp
+
+    where = f"checkpoint {step} in {path!r}"
+    meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(
+            f"{where} was not written by ciclo.checkpoint (or by an incompatible version: "
+            f"format {meta.get('format') if isinstance(meta, dict) else None}, expected "
+            f"{FORMAT})."
+        )
+    described = [_describe(p, leaf) for p, leaf in _flatten(target)[0]]
+    _check_structure(meta["state_leaves"], described, where)
+    items: dict[str, Any] = {}
+    abstract = _abstract_state(target, meta["state_leaves"])
+    if abstract is not None:
+        items["state"] = ocp.args.StandardRestore(abstract)
+    arrays_refs: list[dict[str, Any]] = []
+    copies_refs: list[dict[str, Any]] = []
+    _collect_references(meta, arrays_refs, copies_refs)
+    if arrays_refs:
+        items["arrays"] = ocp.args.StandardRestore(
+            {ref[_ARRAY]: _abstract(ref["shape"], ref["dtype"]) for ref in arrays_refs}
+        )
+    copies_abstract = {}
+    if not copies:
+        copies_refs = []
+    for ref in copies_refs:
+        _check_structure(ref["leaves"], described, f"a copy of the state in {where}")
+        copy_abstract = _abstract_state(target, ref["leaves"])
+        if copy_abstract is not None:
+            copies_abstract[ref[_STATE]] = copy_abstract
+    if copies_abstract:
+        items["copies"] = ocp.args.StandardRestore(copies_abstract)
+    restored = manager.restore(step, args=ocp.args.Composite(**items)) if items else {}
+    state = _fill(target, meta["state_leaves"], restored["state"] if "state" in items else None)
+    restored_copies = restored["copies"] if "copies" in items else {}
+    filled = {
+        ref[_STATE]: _fill(target, ref["leaves"], restored_copies.get(ref[_STATE]))
+        for ref in copies_refs
+    }
+    arrays = restored["arrays"] if "arrays" in items else {}
+    meta = _join(meta, arrays, filled)
+    return Contents(
+        step=step,
+        state=state,
+        elapsed=Elapsed(**meta["elapsed"]),
+        initial_elapsed=Elapsed(**meta["initial_elapsed"]),
+        history=meta["history"],
+        schedules=meta["schedules"],
+        callbacks=[(c["name"], c["state"]) for c in meta["callbacks"]],
+        logs=meta["logs"],
+        data_position=int(meta["data"]["position"]),
+        data_state=meta["data"]["state"],
+    )
+
+
+def best_step(manager: Any, path: str) -> int:
+    """The step whose monitored value is best (``ciclo.checkpoint(monitor=...)``).
+
+    Raises:
+        ValueError: no checkpoint has a monitored value (NaN values count as none).
+    """
+    scored: list[tuple[float, int]] = []
+    for step in manager.all_steps():
+        metrics = manager.metrics(step)
+        if isinstance(metrics, Mapping) and "value" in metrics:
+            value = float(metrics["value"])
+            if math.isnan(value):
+                continue
+            scored.append((value if metrics.get("mode") == "min" else -value, step))
+    if not scored:
+        raise ValueError(
+            f"no checkpoint in {path!r} has a monitored value, so none is best: write "
+            f"checkpoints with ciclo.checkpoint({path!r}, monitor='<log entry>', mode=...)."
+        )
+    return min(scored)[1]

@@ -1,0 +1,87 @@
+"""``ciclo.restore`` and ``ciclo.restore_best``: read a run back from its checkpoints."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+from .._records._history import History
+from .._time._elapsed import Elapsed
+from . import _format
+
+__all__ = ["Restored", "restore", "restore_best"]
+
+
+class Restored(NamedTuple):
+    """What :func:`restore` reads: ``(state, history, elapsed)``, like a loop returns."""
+
+    state: Any
+    history: History
+    elapsed: Elapsed
+
+
+def restore(directory: str | os.PathLike[str], state: Any, *, step: int | None = None) -> Restored:
+    """Reads a checkpoint written by :func:`ciclo.checkpoint`.
+
+    The state comes back in the structure of ``state``, and each array with its dtype and
+    sharding (a sharded ``state`` restores sharded, reading only each device's part).
+    Leaves a checkpoint does not store (strings, functions) are taken from ``state``.
+
+    Args:
+        directory: the checkpoint directory.
+        state: a state built like the saved one (e.g. freshly initialised); only its
+            structure, shapes, dtypes and shardings are used.
+        step: which checkpoint (its ``elapsed.steps``); the latest by default.
+
+    Returns:
+        ``(state, history, elapsed)`` as the checkpointed loop had them.
+
+    Raises:
+        FileNotFoundError: no such directory, or no checkpoint in it.
+        ValueError: ``state`` does not have the saved structure (the message lists
+            the differing leaves).
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, numpy as np, tempfile
+        >>> directory = tempfile.mkdtemp()
+        >>> tasks = {
+        ...     ciclo.every(1): lambda state, batch: state + batch.sum(),
+        ...     ciclo.every(10): ciclo.checkpoint(directory),
+        ... }
+        >>> _ = ciclo.loop(jnp.zeros(()), [np.ones(2)] * 3, tasks)
+        >>> state, history, elapsed = ciclo.restore(directory, jnp.zeros(()))
+        >>> float(state), elapsed.steps
+        (6.0, 3)
+    """
+    path = _format.checkpoint_path(directory)
+    manager = _format.open_reader(path, must_exist=True)
+    try:
+        steps = manager.all_steps()
+        if step is None:
+            step = max(steps)
+        elif step not in steps:
+            raise FileNotFoundError(
+                f"no checkpoint of step {step} in {path!r}; it holds steps {sorted(steps)}."
+            )
+        contents = _format.read(manager, path, step, state, copies=False)
+    finally:
+        manager.close()
+    history = History()
+    history.load_state_dict(contents.history)
+    return Restored(contents.state, history, contents.elapsed)
+
+
+def restore_best(directory: str | os.PathLike[str], state: Any) -> Restored:
+    """Like :func:`restore`, for the checkpoint with the best monitored value
+    (``ciclo.checkpoint(directory, monitor=..., mode=...)``).
+
+    Example:
+        >>> state, history, elapsed = ciclo.restore_best("runs/1", init_state)  # doctest: +SKIP
+    """
+    path = _format.checkpoint_path(directory)
+    manager = _format.open_reader(path, must_exist=True)
+    try:
+        step = _format.best_step(manager, path)
+    finally:
+        manager.close()
+    return restore(path, state, step=step)
