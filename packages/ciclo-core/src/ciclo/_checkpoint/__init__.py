@@ -1,1 +1,3 @@
-"""Checkpoints: the on-disk format, the ``checkpoint`` callback, restore and exact resume."""
+"""Checkpoints: ``_format`` (the on-disk layout, written and read there only), ``_callback``
+(``ciclo.checkpoint``), ``_restore`` (``ciclo.restore``, ``restore_best``), ``_resume`` (how
+``loop(resume=...)`` continues a run) and ``_evaluate`` (``ciclo.evaluate_checkpoints``)."""

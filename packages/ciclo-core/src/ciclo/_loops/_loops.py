@@ -31,8 +31,9 @@ from .._loop._engine import loop
 from .._loop._in_flight import InFlight
 from .._records._history import History
 from .._records._logs import Logs
-from .._time._elapsed import Elapsed, Period, as_period
+from .._time._elapsed import Elapsed, Period
 from .._time._schedules import Schedule, always, every
+from .._time._units import period_unit
 from ..callbacks._inner_loop import AggregationSpec, Aggregator, inner_loop
 from ._named import NAMED_SCHEDULES, STATE_METHODS, NamedSchedule, named_schedule
 
@@ -43,7 +44,6 @@ __all__ = [
     "TRAIN_SCHEDULES",
     "TEST_SCHEDULES",
     "PREDICT_SCHEDULES",
-    "period_unit",
 ]
 
 TRAIN_SCHEDULES = (
@@ -87,20 +87,6 @@ TEST_AGGREGATION: dict[str, Any] = {
     "stateful_metrics": "last",
     "outputs": None,
 }
-
-
-def period_unit(value: int | Period, what: str) -> tuple[str, float]:
-    """``(unit, amount)`` of an int (steps) or a one-field :func:`ciclo.at` period."""
-    period = as_period(value, what)
-    assert period is not None
-    fields = period.fields()
-    if len(fields) != 1 or "date" in fields or not next(iter(fields.values())):
-        raise ValueError(
-            f"{what} must be a positive amount in one unit: an int (steps) or "
-            f"ciclo.at(samples=...) or ciclo.at(time=...), got {value!r}."
-        )
-    ((unit, amount),) = fields.items()
-    return unit, amount
 
 
 class _Hook:

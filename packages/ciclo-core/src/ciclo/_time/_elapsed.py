@@ -11,6 +11,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from ._units import check_amount
+
 __all__ = ["Elapsed", "Period", "at", "elapse", "default_batch_size"]
 
 
@@ -96,19 +98,6 @@ class Period:
         return {f: v for f in _PERIOD_FIELDS if (v := getattr(self, f)) is not None}
 
 
-def _check_period_value(caller: str, name: str, value: object, *, allow_zero: bool) -> float:
-    """Validates one period field; returns it as a Python int or float (NumPy scalars too)."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            f"{caller}: {name} must be a number, got {value!r} ({type(value).__name__})."
-        )
-    number = int(value) if isinstance(value, numbers.Integral) else float(value)
-    if number < 0 or (number == 0 and not allow_zero):
-        bound = "non-negative" if allow_zero else "positive"
-        raise ValueError(f"{caller}: {name} must be {bound}, got {value!r}.")
-    return number
-
-
 def at(
     steps: int | None = None,
     *,
@@ -133,8 +122,7 @@ def at(
             "at(samples=60_000)."
         )
     checked: dict[str, Any] = {
-        name: _check_period_value("at()", name, value, allow_zero=True)
-        for name, value in fields.items()
+        name: check_amount("at()", name, value, allow_zero=True) for name, value in fields.items()
     }
     return Period(**checked)
 

@@ -19,7 +19,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._elapsed import Elapsed, Period, _check_period_value, as_period
+from ._elapsed import Elapsed, Period, as_period
+from ._units import one_unit
 
 __all__ = ["Schedule", "every", "after", "piecewise", "always", "never", "as_schedule"]
 
@@ -121,23 +122,6 @@ class _Not(Schedule):
         return f"~{self.inner!r}"
 
 
-_UNITS = ("steps", "samples", "time")
-
-
-def _single_unit(
-    caller: str, steps: Any, samples: Any, time: Any, *, allow_zero: bool = False
-) -> tuple[str, float]:
-    given = {u: v for u, v in zip(_UNITS, (steps, samples, time), strict=True) if v is not None}
-    if len(given) != 1:
-        raise ValueError(
-            f"{caller} needs exactly one period: steps, samples or time, got "
-            f"{given or 'none'}. Example: {caller.rstrip('()')}(100) or "
-            f"{caller.rstrip('()')}(samples=10_000)."
-        )
-    ((unit, value),) = given.items()
-    return unit, _check_period_value(caller, unit, value, allow_zero=allow_zero)
-
-
 class _Every(Schedule):
     """Fires once per boundary ``offset + k * period`` reached (k >= 0)."""
 
@@ -184,7 +168,7 @@ def every(
         >>> [s(ciclo.Elapsed(steps=0, samples=n, time=0.0, date=0.0)) for n in counts]
         [True, False, True, False, True]
     """
-    unit, period = _single_unit("every()", steps, samples, time)
+    unit, period = one_unit("every()", steps, samples, time)
     return _Every(unit, period)
 
 
@@ -199,7 +183,7 @@ class _After(Schedule):
         self, steps: int | None = None, *, samples: int | None = None, time: float | None = None
     ) -> Schedule:
         """Fires at ``start``, ``start + n``, ``start + 2n``... in the given unit."""
-        unit, period = _single_unit("after().every()", steps, samples, time)
+        unit, period = one_unit("after().every()", steps, samples, time)
         if unit != self.unit:
             raise ValueError(
                 f"after({self.unit}=...).every() must count in the same unit, got {unit}. "
@@ -223,7 +207,7 @@ def after(
         >>> [i for i in range(30) if s(ciclo.Elapsed(steps=i, samples=i, time=0.0, date=0.0))]
         [10, 15, 20, 25]
     """
-    unit, start = _single_unit("after()", steps, samples, time, allow_zero=True)
+    unit, start = one_unit("after()", steps, samples, time, allow_zero=True)
     return _After(unit, start)
 
 

@@ -16,6 +16,7 @@ from .._loop._callback import LoopCallbackBase, LoopState
 from .._records import _host
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period, as_period
+from .._time._units import counted_fields, counts
 
 __all__ = ["early_stopping", "terminate_on_nan", "EarlyStopping", "TerminateOnNaN"]
 
@@ -93,10 +94,7 @@ class EarlyStopping(LoopCallbackBase):
         if min_delta < 0:
             raise ValueError(f"early_stopping: min_delta must be >= 0, got {min_delta!r}.")
         if isinstance(patience, Period):
-            if patience.date is not None:
-                raise ValueError(
-                    "early_stopping: a patience period counts steps, samples or time, not a date."
-                )
+            counted_fields(patience, "early_stopping: a patience period")
         elif isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
             raise TypeError(
                 f"early_stopping: patience must be a number of evaluations (an int >= 0) or a "
@@ -185,7 +183,7 @@ class EarlyStopping(LoopCallbackBase):
         self.checks += 1
         self.wait += 1
         if self.wait_since is None:
-            self.wait_since = _fields(now)
+            self.wait_since = counts(now)
         if self.restore_best_weights and self.best_weights is None:
             self.best_weights = _copy_tree(loop_state.state)
         if self.improves(value, self.best):
@@ -193,7 +191,7 @@ class EarlyStopping(LoopCallbackBase):
             if self.restore_best_weights:
                 self.best_weights = _copy_tree(loop_state.state)
             if self.baseline is None or self.improves(value, self.baseline):
-                self.wait, self.wait_since = 0, _fields(now)
+                self.wait, self.wait_since = 0, counts(now)
                 return
         if self._patience_over(now):
             self.stopped_step = now.steps
@@ -259,10 +257,6 @@ class EarlyStopping(LoopCallbackBase):
         self.stopped_step = state["stopped_step"]
         self.seen = bool(state.get("seen", self.best is not None))
         self.best_weights = state["best_weights"]
-
-
-def _fields(elapsed: Elapsed) -> dict[str, float]:
-    return {"steps": elapsed.steps, "samples": elapsed.samples, "time": elapsed.time}
 
 
 def early_stopping(

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from typing import IO, Any, NamedTuple
 
 from .._loop._callback import LoopCallbackBase, LoopState
-from .._loops._loops import period_unit
 from .._records import _host
 from .._time._elapsed import Elapsed, Period
+from .._time._units import period_unit
 
 __all__ = ["keras_bar", "tqdm_bar", "display_values"]
 
