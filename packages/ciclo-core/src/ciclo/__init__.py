@@ -14,10 +14,10 @@ from ._checkpoint._restore import Restored as Restored
 from ._checkpoint._restore import restore as restore
 from ._checkpoint._restore import restore_best as restore_best
 from ._loop._callback import Callback as Callback
-from ._loop._callback import LoopCallback as LoopCallback
-from ._loop._callback import LoopCallbackBase as LoopCallbackBase
-from ._loop._callback import LoopState as LoopState
 from ._loop._engine import loop as loop
+from ._loop._hooks import LoopCallback as LoopCallback
+from ._loop._hooks import LoopCallbackBase as LoopCallbackBase
+from ._loop._state import LoopState as LoopState
 from ._loops._loops import predict_loop as predict_loop
 from ._loops._loops import test_loop as test_loop
 from ._loops._loops import train_loop as train_loop

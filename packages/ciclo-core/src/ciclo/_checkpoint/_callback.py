@@ -6,7 +6,8 @@ import os
 import tempfile
 from typing import Any
 
-from .._loop._callback import LoopCallbackBase, LoopState
+from .._loop._hooks import LoopCallbackBase
+from .._loop._state import LoopState
 from .._records import _host
 from .._time._schedules import Schedule, every
 from . import _format

@@ -60,7 +60,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._loop._callback import LoopState
+from .._loop._hooks import is_stateful
+from .._loop._state import LoopState
 from .._records import _host
 from .._time._elapsed import Elapsed
 
@@ -431,9 +432,7 @@ def _fill(target: Any, saved: list[list[Any]], restored: Any) -> Any:
 
 # --- what of a loop is saved --------------------------------------------------------------------
 def _stateful(owner: Any) -> bool:
-    return callable(getattr(owner, "state_dict", None)) and callable(
-        getattr(owner, "load_state_dict", None)
-    )
+    return is_stateful(owner)
 
 
 def _is_pytree_node(value: Any) -> bool:

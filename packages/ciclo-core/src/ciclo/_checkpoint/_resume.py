@@ -24,7 +24,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from .._loop._callback import LoopState
+from .._loop._state import LoopState
 from .._records._logs import Logs
 from . import _format
 

@@ -1,21 +1,25 @@
-"""The callback convention: what a loop calls, with which arguments, and what it may return."""
+"""The callback convention: what a loop calls, with which arguments, and what it may return.
+
+The hooks a callback object may implement are defined in :mod:`ciclo._loop._hooks`; this
+module wraps a function or object as a :class:`Callback` that a loop calls.
+"""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from .._records._history import History
 from .._records._logs import Logs
-from .._time._elapsed import Elapsed, default_batch_size
+from ._hooks import LoopCallback, as_logs, describe, is_fusable, is_observer
+
+if TYPE_CHECKING:
+    from ._state import LoopState
 
 __all__ = [
-    "LoopState",
-    "LoopCallback",
-    "LoopCallbackBase",
     "Callback",
     "callback_name",
+    "positional_arity",
     "as_callback",
     "NO_CHANGE",
 ]
@@ -24,155 +28,26 @@ __all__ = [
 NO_CHANGE: Any = type("NoChange", (), {"__repr__": lambda self: "NO_CHANGE"})()
 
 
-class LoopState:
-    """What a loop knows at the current step; handed to callbacks that take 4 arguments
-    and to objects implementing ``__loop_callback__``.
-
-    Attributes:
-        state: the current state.
-        batch: the current batch.
-        history: the :class:`History` being written.
-        elapsed: the count before the current batch.
-        logs: the logs produced at this step so far.
-        accumulated_logs: the latest value of every entry seen in this loop.
-        metadata: free-form data of the loop (e.g. which loop this is).
-        stop_iteration: set to ``True`` to end the loop after this step.
-        stop_reason: why the loop stopped (set with ``stop_iteration``, e.g. ``"stopped by
-            SIGTERM"``), or ``None``.
-        batch_size_fn: ``batch -> int``, how the loop counts the samples of a batch.
-        tasks: the running loop's tasks, normalised to ``[(Schedule, [Callback])]`` (read
-            only; checkpoints reach the schedules and stateful callbacks through it).
-        dataset: the dataset the loop iterates, as given to it.
-        initial_elapsed: the count the loop started from (for a resumed loop: the count the
-            interrupted loop had started from), so ``elapsed.steps -
-            initial_elapsed.steps`` batches were drawn from ``dataset``.
-        resumed: ``True`` when the loop continued a run from a checkpoint.
-    """
-
-    __slots__ = (
-        "_step_end",
-        "accumulated_logs",
-        "batch",
-        "batch_size_fn",
-        "dataset",
-        "elapsed",
-        "history",
-        "initial_elapsed",
-        "logs",
-        "metadata",
-        "resumed",
-        "state",
-        "stop_iteration",
-        "stop_reason",
-        "tasks",
-    )
-
-    def __init__(
-        self,
-        state: Any,
-        history: History,
-        elapsed: Elapsed,
-        metadata: Any = None,
-        batch_size_fn: Callable[[Any], int] | None = None,
-        *,
-        tasks: Sequence[tuple[Any, list[Callback]]] = (),
-        dataset: Any = None,
-    ) -> None:
-        self.state = state
-        self.batch: Any = None
-        self.history = history
-        self.elapsed = elapsed
-        self.logs = Logs()
-        self.accumulated_logs = Logs()
-        self.metadata = metadata
-        self.stop_iteration = False
-        self.stop_reason: str | None = None
-        self.batch_size_fn: Callable[[Any], int] = batch_size_fn or default_batch_size
-        self.tasks = list(tasks)
-        self.dataset = dataset
-        self.initial_elapsed = elapsed
-        self.resumed = False
-        self._step_end: list[Callable[[LoopState], None]] = []
-
-    def at_step_end(self, fn: Callable[[LoopState], None]) -> None:
-        """Runs ``fn(loop_state)`` once, when the current step is over: after every callback
-        of the step ran and its logs were committed to history, with ``elapsed`` counting
-        the step. A consistent end-of-step view, e.g. for a checkpoint."""
-        if fn not in self._step_end:
-            self._step_end.append(fn)
-
-    def run_step_end(self) -> None:
-        """Runs (and clears) what :meth:`at_step_end` queued; called by the loop."""
-        hooks, self._step_end = self._step_end, []
-        for fn in hooks:
-            try:
-                fn(self)
-            except Exception as error:
-                error.add_note(
-                    f"(in ciclo step-end hook {callback_name(fn)} at step {self.elapsed.steps})"
-                )
-                raise
-
-    def elapsed_after_step(self) -> Elapsed:
-        """The count once the current batch is done (``elapsed`` counts up to before it).
-
-        Outside a step (in ``on_start`` / ``on_end``, where there is no batch) this is
-        ``elapsed`` itself.
-        """
-        if self.batch is None:
-            return self.elapsed
-        return self.elapsed.update(self.batch_size_fn(self.batch))
-
-
-@runtime_checkable
-class LoopCallback(Protocol):
-    """An object a loop can call: it gets the :class:`LoopState` and returns what a
-    function callback may return (``None``, logs, a state, or a tuple)."""
-
-    def __loop_callback__(self, loop_state: LoopState) -> Any: ...
-
-
-class LoopCallbackBase:
-    """Convenience base for callback objects: they can be spread into ``tasks`` with
-    ``**`` (they map their default schedule to themselves).
+def callback_name(fn: Any) -> str:
+    """A readable name of a callback for error messages.
 
     Example:
-        >>> import ciclo
-        >>> class Printer(ciclo.LoopCallbackBase):
-        ...     def __loop_callback__(self, loop_state):
-        ...         print(loop_state.elapsed.steps)
-        >>> tasks = {**Printer()}  # {ciclo.always(): printer}
+        >>> callback_name(print)
+        'print'
     """
-
-    def default_schedule(self) -> Any:
-        from .._time._schedules import always
-
-        return always()
-
-    def __loop_callback__(self, loop_state: LoopState) -> Any:
-        raise NotImplementedError
-
-    def keys(self) -> list[Any]:
-        if not hasattr(self, "_spread_schedule"):
-            self._spread_schedule = self.default_schedule()
-        return [self._spread_schedule]
-
-    def __getitem__(self, key: Any) -> Any:
-        if key is not getattr(self, "_spread_schedule", None):
-            raise KeyError(key)
-        return self
-
-
-_ARG_NAMES = ("state", "batch", "elapsed", "loop_state")
-
-
-def callback_name(fn: Any) -> str:
-    """A readable name of a callback for error messages."""
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     return name if isinstance(name, str) else type(fn).__name__
 
 
 def positional_arity(fn: Callable[..., Any]) -> int:
+    """How many of ``(state, batch, elapsed, loop_state)`` a loop passes to ``fn``: its
+    positional parameters (4 with ``*args``); raises ``TypeError`` for what a loop cannot
+    call (more than 4 required, required keyword-only arguments).
+
+    Example:
+        >>> positional_arity(lambda state, batch: None)
+        2
+    """
     name = callback_name(fn)
     try:
         signature = inspect.signature(fn)
@@ -215,16 +90,26 @@ def positional_arity(fn: Callable[..., Any]) -> int:
 
 class Callback:
     """A callback ready to run: the user's function or object, called with the right
-    arguments, its result validated and normalised to ``(logs, state)``."""
+    arguments, its result validated and normalised to ``(logs, state)``.
 
-    __slots__ = ("arity", "fn", "method", "name", "observer")
+    Attributes:
+        fn: the user's function or object.
+        name: its name, for error messages.
+        arity: how many of ``(state, batch, elapsed, loop_state)`` it takes; ``-1`` for an
+            object called through ``__loop_callback__(loop_state)``.
+        observer: it only reads the loop (see :func:`~ciclo._loop._hooks.is_observer`).
+        fusable: it may run several steps in one call (see
+            :func:`~ciclo._loop._hooks.is_fusable`).
+    """
+
+    __slots__ = ("arity", "fn", "fusable", "method", "name", "observer")
 
     def __init__(self, fn: Any) -> None:
         self.method: Callable[..., Any]
         self.fn = fn
         self.name = callback_name(fn)
-        owner = getattr(fn, "__self__", fn)  # a bound method's object
-        self.observer = bool(getattr(owner, "__loop_observer__", False))
+        self.observer = is_observer(fn)
+        self.fusable = is_fusable(fn)
         if isinstance(fn, LoopCallback):
             self.method = fn.__loop_callback__
             self.arity = -1
@@ -239,11 +124,20 @@ class Callback:
             )
 
     def __call__(self, loop_state: LoopState) -> tuple[Logs | None, Any]:
-        if self.arity < 0:
+        arity = self.arity
+        if arity == 2:  # the common (state, batch) step
+            out = self.method(loop_state.state, loop_state.batch)
+        elif arity < 0:
             out = self.method(loop_state)
         else:
             args = (loop_state.state, loop_state.batch, loop_state.elapsed, loop_state)
-            out = self.method(*args[: self.arity])
+            out = self.method(*args[:arity])
+        if out is None:
+            return None, NO_CHANGE
+        if type(out) is tuple and len(out) == 2:  # (logs, state): the common case, checked
+            logs, state = out
+            if logs is None or type(logs) is Logs:
+                return logs, (NO_CHANGE if state is None else state)
         return self.parse(out)
 
     def parse(self, out: Any) -> tuple[Logs | None, Any]:
@@ -275,23 +169,17 @@ class Callback:
         return None, out
 
     def _as_logs(self, value: Any, what: str) -> Logs | None:
-        if value is None or isinstance(value, Logs):
-            return value
-        if isinstance(value, Mapping) and all(isinstance(v, Mapping) for v in value.values()):
-            return Logs(value)
-        raise TypeError(
-            f"callback {self.name} returned {what} that is not logs: {_describe(value)}. Logs "
-            f"are ciclo.logs() or a dict {{collection: {{name: value}}}}, e.g. "
-            f"{{'metrics': {{'accuracy': acc}}}}. To return a new state on its own, return "
-            f"(None, state)."
+        if value is None:
+            return None
+        return as_logs(
+            value,
+            lambda bad: (
+                f"callback {self.name} returned {what} that is not logs: {describe(bad)}. Logs "
+                f"are ciclo.logs() or a dict {{collection: {{name: value}}}}, e.g. "
+                f"{{'metrics': {{'accuracy': acc}}}}. To return a new state on its own, return "
+                f"(None, state)."
+            ),
         )
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return f"a dict with keys {list(value)[:5]}"
-    text = repr(value)
-    return f"{type(value).__name__} {text[:60]}"
 
 
 def as_callback(fn: Any) -> Callback:

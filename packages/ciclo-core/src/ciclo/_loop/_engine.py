@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import signal
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, cast
-
-import jax
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from .._checkpoint import _resume
 from .._loops._named import NamedSchedule
@@ -17,11 +14,15 @@ from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period, elapse
 from .._time._schedules import Schedule, as_schedule
-from ._callback import NO_CHANGE, Callback, LoopState, as_callback, callback_name
+from ._callback import Callback, as_callback, callback_name
+from ._fusion import run_fused_steps
+from ._hooks import EndHook, end_hook_owners
 from ._in_flight import InFlight
 from ._signals import exit_if_terminated, stop_gracefully_on
+from ._state import LoopState
+from ._step import commit, run_callbacks
 
-__all__ = ["loop", "Tasks", "run_callbacks", "normalize_tasks"]
+__all__ = ["loop", "Tasks", "normalize_tasks"]
 
 Tasks = Mapping[Any, Any]
 CallbackList = Sequence[Callback]
@@ -65,249 +66,41 @@ def normalize_tasks(tasks: Tasks | None) -> list[tuple[Schedule, list[Callback]]
     return out
 
 
-def run_callbacks(callbacks: Iterable[Callback], loop_state: LoopState) -> None:
-    """Runs callbacks in order, threading the state and merging their logs."""
-    for callback in callbacks:
-        try:
-            logs, state = callback(loop_state)
-        except Exception as error:
-            error.add_note(
-                f"(in ciclo callback {callback.name} at step {loop_state.elapsed.steps})"
-            )
-            raise
-        if state is not NO_CHANGE:
-            loop_state.state = state
-        if logs:
-            loop_state.logs.merge(logs)
-
-
-def _commit(loop_state: LoopState) -> None:
-    logs = loop_state.logs
-    if logs:
-        loop_state.history.commit(loop_state.elapsed, logs)
-        loop_state.accumulated_logs.merge(logs)
-
-
-def _is_fusable(callback: Callback) -> bool:
-    return hasattr(callback.fn, "__loop_callback_many__")
-
-
-def _steps_per_call(callback: Callback, loop_state: LoopState) -> int:
-    return int(callback.fn.__loop_steps_per_call__(loop_state))
-
-
-def _batch_signature(batch: Any) -> tuple[Any, ...]:
-    leaves, treedef = jax.tree_util.tree_flatten(batch)
-    return (treedef, *((getattr(x, "shape", None), getattr(x, "dtype", type(x))) for x in leaves))
-
-
-class _Group:
-    """Consecutive steps whose fused callback runs in one call (see :func:`loop`)."""
-
-    __slots__ = (
-        "after",
-        "batches",
-        "before_logs",
-        "elapsed",
-        "fused",
-        "observers",
-        "signature",
-        "size",
-    )
-
-    def __init__(self, fused: Callback, size: int, before_logs: Logs, batch: Any) -> None:
-        self.fused, self.size, self.before_logs = fused, size, before_logs
-        self.signature = _batch_signature(batch)
-        self.elapsed: list[Elapsed] = []
-        self.batches: list[Any] = []
-        self.after: list[Callback] = []
-        # Observers (progress bars, loggers) that fired inside the group run once, at its
-        # last step: they only read, so they need not cut the group.
-        self.observers: list[Callback] = []
-
-    def accepts_batch(self, batch: Any) -> bool:
-        """Whether the group can take this step (its fused callback fired first)."""
-        return not self.after and _batch_signature(batch) == self.signature
-
-    def add(self, elapsed: Elapsed, batch: Any, after: list[Callback]) -> None:
-        self.elapsed.append(elapsed)
-        self.batches.append(batch)
-        self.after = [c for c in after if not c.observer]
-        for callback in after:
-            if callback.observer and not any(callback is o for o in self.observers):
-                self.observers.append(callback)
-
-    def run(self, loop_state: LoopState, in_flight: InFlight) -> None:
-        loop_state.elapsed, loop_state.batch = self.elapsed[-1], self.batches[-1]
-        if len(self.batches) == 1:  # a plain step
-            loop_state.logs = self.before_logs
-            run_callbacks([self.fused, *self.after, *self.observers], loop_state)
-            _commit(loop_state)
-            in_flight.push(loop_state)
-            return
-        loop_state.elapsed = self.elapsed[0]
-        try:
-            logs, state = self.fused.parse(
-                self.fused.fn.__loop_callback_many__(loop_state, self.batches)
-            )
-        except Exception as error:
-            first, last = self.elapsed[0].steps, self.elapsed[-1].steps
-            error.add_note(f"(in ciclo callback {self.fused.name} at steps {first}-{last})")
-            raise
-        if state is not NO_CHANGE:
-            loop_state.state = state
-        logs = logs or Logs()
-        if self.before_logs or self.after:
-            rows = _unstack(logs, len(self.batches))
-            rows[0] = Logs(self.before_logs).merge(rows[0])
-            for elapsed, batch, row in zip(self.elapsed[:-1], self.batches, rows, strict=False):
-                loop_state.elapsed, loop_state.batch, loop_state.logs = elapsed, batch, row
-                _commit(loop_state)
-            loop_state.elapsed, loop_state.batch = self.elapsed[-1], self.batches[-1]
-            loop_state.logs = rows[-1]
-            run_callbacks([*self.after, *self.observers], loop_state)
-            _commit(loop_state)
-        else:
-            loop_state.elapsed = self.elapsed[-1]
-            if logs:
-                loop_state.history.commit_many(self.elapsed, logs)
-                loop_state.logs = _last_row(logs)
-                loop_state.accumulated_logs.merge(loop_state.logs)
-            _run_observers(self.observers, loop_state)
-        in_flight.push(loop_state)
-
-
-def _run_observers(observers: list[Callback], loop_state: LoopState) -> None:
-    """Runs observers after a fused group was committed; they may not change anything."""
-    for callback in observers:
-        logs, state = callback(loop_state)
-        if logs or state is not NO_CHANGE:
-            raise TypeError(
-                f"callback {callback.name} is marked __loop_observer__ = True (it only reads "
-                f"the loop), but returned logs or a state; remove the marker or the return "
-                f"value."
-            )
-
-
-@jax.jit
-def _last_row(logs: Logs) -> Logs:
-    return cast(Logs, jax.tree.map(lambda x: x[-1], logs))
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _unstack_rows(logs: Logs, count: int) -> list[Logs]:
-    return [jax.tree.map(lambda x, i=i: x[i], logs) for i in range(count)]
-
-
-def _unstack(logs: Logs, count: int) -> list[Logs]:
-    """Stacked logs as one :class:`Logs` per row (in one dispatch)."""
-    if not jax.tree_util.tree_leaves(logs):
-        return [Logs() for _ in range(count)]
-    return cast(list[Logs], _unstack_rows(logs, count))
-
-
-def _fired(
-    task_list: list[tuple[Schedule, list[Callback]]], elapsed: Elapsed
-) -> Iterator[Callback]:
-    """The callbacks whose schedule fires, in order; each schedule is asked only when the
-    iteration reaches it, so callbacks that ran before it have already run."""
-    for schedule, callbacks in task_list:
-        if schedule(elapsed):
-            yield from callbacks
-
-
-def _start_step(
-    loop_state: LoopState,
-    elapsed: Elapsed,
-    batch: Any,
-    fired: Iterator[Callback],
-    in_flight: InFlight,
-) -> _Group | None:
-    """Runs a step's callbacks in order, up to a fused callback (K > 1): then asks the
-    remaining schedules and returns the group that step starts. Without one, the step is
-    complete (committed) and the result is ``None``."""
-    loop_state.elapsed, loop_state.batch, loop_state.logs = elapsed, batch, Logs()
-    for callback in fired:
-        if _is_fusable(callback):
-            size = _steps_per_call(callback, loop_state)
-            if size > 1:
-                group = _Group(callback, size, loop_state.logs, batch)
-                group.add(elapsed, batch, list(fired))
-                return group
-        run_callbacks([callback], loop_state)
-    _commit(loop_state)
-    in_flight.push(loop_state)
-    return None
-
-
 def _run_steps(
     loop_state: LoopState,
     steps: elapse,
     task_list: list[tuple[Schedule, list[Callback]]],
     in_flight: InFlight,
 ) -> None:
-    """Runs every batch: the callbacks whose schedules fire, in order, then a commit of the
-    step's logs. Consecutive steps of a fused callback run as one group (see :func:`loop`).
-
-    What callbacks queued with ``loop_state.at_step_end`` runs once a step (or a group) is
-    complete and no batch is drawn but not yet run, so it sees a consistent run."""
-    group: _Group | None = None
+    """Runs every batch: the callbacks whose schedules fire, in order (each schedule asked
+    when the previous task's callbacks have run), then a commit of the step's logs, then
+    what callbacks queued with ``loop_state.at_step_end``. Tasks holding a fusable callback
+    are run by :func:`~ciclo._loop._fusion.run_fused_steps` instead."""
+    if any(callback.fusable for _, callbacks in task_list for callback in callbacks):
+        run_fused_steps(loop_state, steps, task_list, in_flight)
+        return
+    history = loop_state.history
+    accumulated = loop_state.accumulated_logs
     for elapsed, batch in steps:
-        # Schedules may look at the step being decided (train_loop's clock does).
-        loop_state.elapsed, loop_state.batch = elapsed, batch
-        fired = _fired(task_list, elapsed)  # asked lazily, in order
-        if group is not None:
-            first = next(fired, None)
-            if first is group.fused and group.accepts_batch(batch):
-                group.add(elapsed, batch, list(fired))
-            else:
-                group.run(loop_state, in_flight)
-                loop_state.elapsed, loop_state.batch = elapsed, batch
-                head = [] if first is None else [first]
-                group = _start_step(
-                    loop_state, elapsed, batch, itertools.chain(head, fired), in_flight
-                )
-        else:
-            group = _start_step(loop_state, elapsed, batch, fired, in_flight)
-        if group is not None and (
-            group.after or len(group.batches) >= group.size or loop_state.stop_iteration
-        ):
-            group.run(loop_state, in_flight)
-            group = None
-        if group is None:
-            _end_step(loop_state)
+        loop_state.elapsed = elapsed
+        loop_state.batch = batch
+        loop_state.logs = Logs()
+        for schedule, callbacks in task_list:
+            if schedule(elapsed):
+                run_callbacks(callbacks, loop_state)
+        logs = loop_state.logs  # a callback may have replaced it
+        if logs:
+            history.commit(elapsed, logs)
+            accumulated.merge(logs)
+        in_flight.push(loop_state)
+        loop_state.end_step()
         if loop_state.stop_iteration:
             break
-    if group is not None:
-        group.run(loop_state, in_flight)
-        _end_step(loop_state)
 
 
-def _end_step(loop_state: LoopState) -> None:
-    """Runs the step-end hooks, with ``elapsed`` counting the step just done."""
-    if not loop_state._step_end:
-        return
-    before = loop_state.elapsed
-    loop_state.elapsed = loop_state.elapsed_after_step()
-    try:
-        loop_state.run_step_end()
-    finally:
-        loop_state.elapsed = before
-
-
-def _end_hooks(callback_lists: Iterable[list[Callback]]) -> list[Any]:
-    """The distinct objects behind the callbacks (or their bound methods) that define
-    ``__loop_end__``, in order of appearance."""
-    found: dict[int, Any] = {}
-    for callbacks in callback_lists:
-        for callback in callbacks:
-            for owner in (callback.fn, getattr(callback.fn, "__self__", None)):
-                if owner is not None and callable(getattr(type(owner), "__loop_end__", None)):
-                    found.setdefault(id(owner), owner)
-    return list(found.values())
-
-
-def _run_end_hooks(hooks: list[Any], loop_state: LoopState, error: BaseException | None) -> None:
+def _run_end_hooks(
+    hooks: list[EndHook], loop_state: LoopState, error: BaseException | None
+) -> None:
     for owner in hooks:
         try:
             owner.__loop_end__(loop_state, error)
@@ -410,7 +203,8 @@ def loop(
     task_list = normalize_tasks(tasks)
     start_callbacks = _as_callback_list(on_start)
     end_callbacks = _as_callback_list(on_end)
-    end_hooks = _end_hooks([start_callbacks, *(c for _, c in task_list), end_callbacks])
+    every_callback = itertools.chain(start_callbacks, *(c for _, c in task_list), end_callbacks)
+    end_hooks = end_hook_owners(callback.fn for callback in every_callback)
     history = History() if history is None else history
     loop_state = LoopState(
         state,
@@ -429,8 +223,8 @@ def loop(
     run_callbacks(start_callbacks, loop_state)
     if loop_state.resumed:  # the checkpoint's history already holds them
         loop_state.logs = Logs()
-    _commit(loop_state)
-    _end_step(loop_state)
+    commit(loop_state)
+    loop_state.end_step()
     with stop_gracefully_on(loop_state, stop_signals) as received:
         try:
             _run_steps(loop_state, steps, task_list, in_flight)
@@ -442,7 +236,7 @@ def loop(
             raise
         _run_end_hooks(end_hooks, loop_state, None)
     run_callbacks(end_callbacks, loop_state)
-    _commit(loop_state)
-    _end_step(loop_state)
+    commit(loop_state)
+    loop_state.end_step()
     exit_if_terminated(received, loop_state)
     return loop_state.state, history, loop_state.elapsed

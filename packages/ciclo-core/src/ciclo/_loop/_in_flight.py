@@ -8,7 +8,7 @@ from typing import Any
 import jax
 
 from .._records._logs import Logs
-from ._callback import LoopState
+from ._state import LoopState
 
 __all__ = ["InFlight", "first_array"]
 
@@ -34,7 +34,17 @@ class InFlight:
     def push(self, loop_state: LoopState) -> None:
         if self.limit <= 0:
             return
-        self.push_tree(loop_state.logs, loop_state.state)
+        marker = first_array(loop_state.logs)
+        if marker is None:
+            marker = first_array(loop_state.state)
+            if marker is None:
+                return
+        queue = self.queue
+        queue.append(marker)
+        if len(queue) > self.limit:
+            oldest = queue.popleft()
+            if not oldest.is_deleted():  # donated buffers are gone, and so finished
+                oldest.block_until_ready()
 
     def push_tree(self, *trees: Any) -> None:
         """Marks the first array of the first tree that has one as this step's result."""

@@ -20,15 +20,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._loop._callback import (
-    LoopCallback,
-    LoopCallbackBase,
-    LoopState,
-    callback_name,
-    positional_arity,
-)
+from .._loop._callback import callback_name, positional_arity
 from .._loop._engine import loop
+from .._loop._hooks import LoopCallback, LoopCallbackBase, named_hooks
 from .._loop._in_flight import InFlight
+from .._loop._state import LoopState
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period
@@ -221,7 +217,7 @@ class _Registry:
                 f"{type(callbacks).__name__}. Example: callbacks=[ciclo.keras_bar(1000)]."
             )
         for obj in callbacks:
-            hooks = [n for n in NAMED_SCHEDULES if callable(getattr(obj, n, None))]
+            hooks = named_hooks(obj, NAMED_SCHEDULES)
             used = [n for n in hooks if n in self.named]
             for name in used:
                 self.named[name].append(getattr(obj, name))

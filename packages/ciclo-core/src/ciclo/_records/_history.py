@@ -18,8 +18,6 @@ from ._logs import Logs
 __all__ = ["History", "history"]
 
 _ELAPSED_FIELDS = ("steps", "samples", "time", "date")
-_TYPECODES = {bool: "list", int: "q", float: "d"}
-_PLAIN = (int, float, str, bool, type(None))
 
 
 class _Stacked:

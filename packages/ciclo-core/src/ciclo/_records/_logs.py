@@ -7,10 +7,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["Logs", "logs", "LOG_COLLECTIONS"]
-
-#: The collections ciclo knows by name. Any other collection name is allowed too.
-LOG_COLLECTIONS = ("losses", "metrics", "stateful_metrics", "outputs")
+__all__ = ["Logs", "logs"]
 
 _UPDATES_IS_WRITE_ONLY = (
     "Logs.updates is write-only: `logs.updates = other` merges `other` into `logs`. "

@@ -12,7 +12,8 @@ from typing import IO, Any, Literal
 import jax
 import numpy as np
 
-from .._loop._callback import LoopCallbackBase, LoopState
+from .._loop._hooks import LoopCallbackBase
+from .._loop._state import LoopState
 from .._records import _host
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period, as_period

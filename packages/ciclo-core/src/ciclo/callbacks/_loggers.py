@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .._loop._callback import LoopCallbackBase, LoopState
+from .._loop._hooks import LoopCallbackBase
+from .._loop._state import LoopState
 from .._records import _host
 from .._time._elapsed import Elapsed
 from ._progress import display_values

@@ -14,7 +14,8 @@ import time as _time
 from collections.abc import Mapping
 from typing import IO, Any, NamedTuple
 
-from .._loop._callback import LoopCallbackBase, LoopState
+from .._loop._hooks import LoopCallbackBase
+from .._loop._state import LoopState
 from .._records import _host
 from .._time._elapsed import Elapsed, Period
 from .._time._units import period_unit

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax  # type: ignore[import-untyped]
 
-from .._loop._callback import LoopState
+from .._loop._hooks import as_logs
+from .._loop._state import LoopState
 from .._records._logs import Logs
 from ._strategies import Strategy, get_strategy
 
@@ -545,13 +546,12 @@ def _merge_micro_logs(stacked: Logs, rows: int) -> Logs:
 
 
 def _check_logs(step: ManagedStep, logs: Any) -> Logs:
-    if isinstance(logs, Logs):
-        return logs
-    if isinstance(logs, Mapping) and all(isinstance(v, Mapping) for v in logs.values()):
-        return Logs(logs)
-    raise TypeError(
-        f"managed step {step.__name__} must return (logs, state) with logs from ciclo.logs(); "
-        f"its first return value is {type(logs).__name__}."
+    return as_logs(
+        logs,
+        lambda bad: (
+            f"managed step {step.__name__} must return (logs, state) with logs from "
+            f"ciclo.logs(); its first return value is {type(bad).__name__}."
+        ),
     )
 
 
