@@ -8,7 +8,6 @@ from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import jax
 import numpy as np
 
 from .._time._elapsed import Elapsed
@@ -18,22 +17,6 @@ from ._logs import Logs
 __all__ = ["History", "history"]
 
 _ELAPSED_FIELDS = ("steps", "samples", "time", "date")
-
-
-class _Stacked:
-    """Pending rows of a fused call: entries stacked along axis 0 (a pytree)."""
-
-    __slots__ = ("count", "entries")
-
-    def __init__(self, count: int, entries: list[tuple[str, Any]]) -> None:
-        self.count, self.entries = count, entries
-
-
-jax.tree_util.register_pytree_node(
-    _Stacked,
-    lambda s: ([v for _, v in s.entries], (s.count, tuple(k for k, _ in s.entries))),
-    lambda aux, values: _Stacked(aux[0], list(zip(aux[1], values, strict=True))),
-)
 
 
 class _Column:
@@ -181,10 +164,17 @@ class History:
         self._columns: dict[str, _Column] = {}  # "collection.name" -> column
         self._lookup: dict[str, dict[str, _Column]] = {}  # the same, by collection and name
         self._num_rows = 0
-        self._pending: list[tuple[int, Any]] = []
+        # Committed values not yet fetched: (collection, name) -> (rows, values).
+        self._pending: dict[tuple[str, str], tuple[list[int], list[Any]]] = {}
+        self._blocks: dict[tuple[str, str], list[int]] = {}  # positions of stacked blocks
+        self._num_pending = 0  # commits waiting
         self._pending_since = 0.0
 
     # --- writing -------------------------------------------------------------------------
+    # Committed values wait, still on device, in one (rows, values) pair of lists per key;
+    # `fetch` moves them all to the host at once and extends each column in bulk. Per-value
+    # Python work is what makes a history slow at a million rows (and per step). A fused
+    # call's block of rows stays one array until fetched (`_blocks`: their positions).
     def _add_elapsed(self, elapsed: Elapsed) -> int:
         columns = self._elapsed
         columns["steps"].append(elapsed.steps)
@@ -192,22 +182,45 @@ class History:
         columns["time"].append(elapsed.time)
         columns["date"].append(elapsed.date)
         row = self._num_rows
-        self._num_rows += 1
+        self._num_rows = row + 1
         return row
 
     def commit(self, elapsed: Elapsed, logs: Mapping[str, Mapping[str, Any]] | None) -> None:
         """Adds one row: the ``elapsed`` fields and every log entry ``collection.name``."""
-        row = self._add_elapsed(elapsed)
+        columns = self._elapsed  # _add_elapsed, inlined (once per step)
+        columns["steps"].append(elapsed.steps)
+        columns["samples"].append(elapsed.samples)
+        columns["time"].append(elapsed.time)
+        columns["date"].append(elapsed.date)
+        row = self._num_rows
+        self._num_rows = row + 1
         if not logs:
             return
-        # A shallow copy: the caller may reuse its logs object; values are immutable.
-        entries = {collection: dict(values) for collection, values in logs.items()}
-        if self._pending or any(
-            _host.is_device_array(v) for values in entries.values() for v in values.values()
+        if not self._num_pending:
+            if not any(
+                _host.is_device_array(v) for values in logs.values() for v in values.values()
+            ):  # host values only, nothing waiting: stored at once
+                self._store(
+                    {(c, n): ([row], [v]) for c, values in logs.items() for n, v in values.items()},
+                    {},
+                    fetch=False,
+                )
+                return
+            self._pending_since = _time.monotonic()
+        pending = self._pending
+        for collection, values in logs.items():
+            for name, value in values.items():
+                slot = pending.get((collection, name))
+                if slot is None:
+                    slot = pending[(collection, name)] = ([], [])
+                slot[0].append(row)
+                slot[1].append(value)
+        self._num_pending += 1
+        if (
+            self._num_pending >= self.max_pending
+            or _time.monotonic() - self._pending_since >= self.fetch_interval
         ):
-            self._defer(row, entries)
-        else:
-            self._store(row, entries)
+            self.fetch()
 
     def commit_many(
         self, elapsed: Sequence[Elapsed], logs: Mapping[str, Mapping[str, Any]]
@@ -215,59 +228,47 @@ class History:
         """Adds ``len(elapsed)`` rows from logs whose values are stacked along axis 0
         (as returned by several steps fused in one call); split on the host when fetched."""
         count = len(elapsed)
-        stacked = [(f"{c}.{n}", v) for c, values in logs.items() for n, v in values.items()]
-        for key, value in stacked:
+        stacked = [((c, n), v) for c, values in logs.items() for n, v in values.items()]
+        for (collection, name), value in stacked:
             shape = np.shape(value)  # reads `.shape`: no transfer for device arrays
             if shape[:1] != (count,):
                 raise ValueError(
-                    f"commit_many: log entry {key!r} has shape {shape}; every value must be "
-                    f"stacked along axis 0 with one row per elapsed ({count} rows)."
+                    f"commit_many: log entry {f'{collection}.{name}'!r} has shape {shape}; "
+                    f"every value must be stacked along axis 0 with one row per elapsed "
+                    f"({count} rows)."
                 )
         first = self._num_rows
         for e in elapsed:
             self._add_elapsed(e)
-        self._defer(first, _Stacked(count, stacked))
-
-    def _defer(self, row: int, entries: Any) -> None:
-        if not self._pending:
+        if not self._num_pending:
             self._pending_since = _time.monotonic()
-        self._pending.append((row, entries))
+        for key, block in stacked:
+            rows, values = self._pending.setdefault(key, ([], []))
+            rows.extend(range(first, first + count))
+            self._blocks.setdefault(key, []).append(len(values))
+            values.append(block)
+        self._num_pending += 1
         if (
-            len(self._pending) >= self.max_pending
+            self._num_pending >= self.max_pending
             or _time.monotonic() - self._pending_since >= self.fetch_interval
         ):
             self.fetch()
 
-    def _store(self, row: int, entries: Mapping[str, Mapping[str, Any]]) -> None:
-        self._ingest([(row, entries)], fetch=False)
-
     def fetch(self) -> None:
         """Fetches all pending device values to the host (batched, see ``_host.to_host``)."""
-        if not self._pending:
+        if not self._num_pending:
             return
-        pending, self._pending = self._pending, []
-        self._ingest(pending, fetch=True)
+        pending, blocks = self._pending, self._blocks
+        self._pending, self._blocks, self._num_pending = {}, {}, 0
+        self._store(pending, blocks, fetch=True)
 
-    def _ingest(self, pending: list[tuple[int, Any]], *, fetch: bool) -> None:
-        # Gather rows and values per key (in row order), fetch all values at once, then
-        # extend each column in bulk: per-value Python work is what makes a history slow
-        # at a million rows. A fused call's block of rows stays one array until fetched.
-        gathered: dict[tuple[str, str], tuple[list[int], list[Any]]] = {}
-        blocks: dict[tuple[str, str], list[int]] = {}  # positions of blocks in values
-        for row, entries in pending:
-            if isinstance(entries, _Stacked):
-                for dotted, block in entries.entries:
-                    collection, name = dotted.split(".", 1)
-                    rows, values = gathered.setdefault((collection, name), ([], []))
-                    rows.extend(range(row, row + entries.count))
-                    blocks.setdefault((collection, name), []).append(len(values))
-                    values.append(block)
-                continue
-            for collection, entry in entries.items():
-                for name, value in entry.items():
-                    rows, values = gathered.setdefault((collection, name), ([], []))
-                    rows.append(row)
-                    values.append(value)
+    def _store(
+        self,
+        gathered: dict[tuple[str, str], tuple[list[int], list[Any]]],
+        blocks: dict[tuple[str, str], list[int]],
+        *,
+        fetch: bool,
+    ) -> None:
         values_by_key = {key: values for key, (_, values) in gathered.items()}
         if fetch:
             values_by_key = _host.to_host(values_by_key)
@@ -321,7 +322,7 @@ class History:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Replaces every row by those of a :meth:`state_dict` (pending values are dropped)."""
-        self._pending = []
+        self._pending, self._blocks, self._num_pending = {}, {}, 0
         self._num_rows = int(state["num_rows"])
         self._elapsed = {
             field: _from_numpy(state["elapsed"][field], "d" if field in ("time", "date") else "q")

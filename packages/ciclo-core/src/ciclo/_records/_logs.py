@@ -135,7 +135,7 @@ class Logs(dict[str, Any]):
         if other is None:
             return self
         for collection, entries in other.items():
-            if not isinstance(entries, Mapping):
+            if type(entries) is not dict and not isinstance(entries, Mapping):
                 raise TypeError(
                     f"cannot merge logs: collection {collection!r} is a "
                     f"{type(entries).__name__}, not a mapping of name -> value."

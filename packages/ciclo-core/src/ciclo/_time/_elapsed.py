@@ -15,6 +15,9 @@ from ._units import check_amount
 
 __all__ = ["Elapsed", "Period", "at", "elapse", "default_batch_size"]
 
+_new = object.__new__
+_set = object.__setattr__  # frozen dataclass fields are set this way; done by hand per step
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Elapsed:
@@ -46,13 +49,14 @@ class Elapsed:
 
     def update(self, batch_size: int, *, time: float | None = None) -> Elapsed:
         """The count after one more batch of ``batch_size`` samples."""
+        # Once per step: built without the dataclass __init__ (same fields, same checks).
         now = _time.time()
-        return Elapsed(
-            steps=self.steps + 1,
-            samples=self.samples + batch_size,
-            time=self.time + (now - self.date) if time is None else time,
-            date=now,
-        )
+        new = _new(Elapsed)
+        _set(new, "steps", self.steps + 1)
+        _set(new, "samples", self.samples + batch_size)
+        _set(new, "time", self.time + (now - self.date) if time is None else time)
+        _set(new, "date", now)
+        return new
 
     def __ge__(self, other: object) -> bool:
         if isinstance(other, Period):
@@ -140,7 +144,17 @@ def as_period(value: int | Period | None, what: str) -> Period | None:
 
 
 def default_batch_size(batch: Any) -> int:
-    """The leading dimension of the batch's first array leaf (1 when it has none)."""
+    """The leading dimension of the batch's first array leaf (1 when it has none).
+
+    Example:
+        >>> import numpy as np
+        >>> default_batch_size((np.zeros((32, 784)), np.zeros(32))), default_batch_size(3)
+        (32, 1)
+    """
+    # Fast paths, once per step: an array, or a tuple whose first item is one.
+    first = batch[0] if type(batch) is tuple and batch else batch
+    if (type(first) is np.ndarray or isinstance(first, jax.Array)) and first.ndim:
+        return int(first.shape[0])
     for leaf in jax.tree_util.tree_leaves(batch):
         shape = getattr(leaf, "shape", None)
         if shape is not None and len(shape) > 0:
@@ -198,14 +212,22 @@ class elapse(Iterator[tuple[Elapsed, Any]]):
         return self
 
     def __next__(self) -> tuple[Elapsed, Any]:
-        if self._has_pending:
-            self.elapsed = self.elapsed.update(self._batch_size_fn(self._pending))
-            self._pending, self._has_pending = None, False
-        if self._stop is not None and self._stop.reached_by(self.elapsed):
+        elapsed = self.elapsed
+        if self._has_pending:  # count the previous batch: Elapsed.update, inlined
+            now = _time.time()
+            new = _new(Elapsed)
+            _set(new, "steps", elapsed.steps + 1)
+            _set(new, "samples", elapsed.samples + self._batch_size_fn(self._pending))
+            _set(new, "time", elapsed.time + (now - elapsed.date))
+            _set(new, "date", now)
+            elapsed = self.elapsed = new
+            self._has_pending = False
+            self._pending = None
+        if self._stop is not None and self._stop.reached_by(elapsed):
             raise StopIteration
-        batch = next(self._iterator)
-        self._pending, self._has_pending = batch, True
-        return self.elapsed, batch
+        self._pending = batch = next(self._iterator)
+        self._has_pending = True
+        return elapsed, batch
 
     def finish(self) -> Elapsed:
         """Counts a batch that was handed out but not yet counted, and returns the total."""

@@ -128,6 +128,7 @@ class _Every(Schedule):
     def __init__(self, unit: str, period: float, offset: float = 0.0) -> None:
         self.unit, self.period, self.offset = unit, period, offset
         self._last: float | None = None  # the count of the previous call
+        self._each_step = unit == "steps" and period == 1 and offset == 0
 
     def _index(self, value: float) -> int:
         # The number of the last boundary reached; -1 before the first one.
@@ -136,6 +137,8 @@ class _Every(Schedule):
     def __call__(self, elapsed: Elapsed) -> bool:
         value: float = getattr(elapsed, self.unit)
         last, self._last = self._last, value
+        if self._each_step and type(value) is int:  # every(1): every new step count fires
+            return value >= 0 and value != last
         index = self._index(value)
         if index < 0:
             return False

@@ -82,14 +82,23 @@ class _Bar(LoopCallbackBase):
     def _count(self, elapsed: Elapsed) -> float:
         return float(getattr(elapsed, self.unit))
 
+    def _count_after_step(self, loop_state: LoopState) -> float:
+        """``_count(loop_state.elapsed_after_step())``; for steps without building it."""
+        if self.unit == "steps":
+            return float(loop_state.steps_after_step())
+        return self._count(loop_state.elapsed_after_step())
+
     def update(self, loop_state: LoopState, *, force: bool = False, final: bool = False) -> None:
         """Counts the current step; redraws when ``interval`` has passed (or when forced)."""
         if self.finished:
             return
         now = _time.monotonic()
-        due = final or force or now - self._last_draw >= self._redraw_interval()
+        since = now - self._last_draw
+        if self._origin is not None and not (final or force) and since < self.interval:
+            return  # the common case (the redraw interval is never below `interval`)
+        due = final or force or since >= self._redraw_interval()
         if self._origin is not None and not due:
-            return  # the common case: nothing to compute
+            return
         after = loop_state.elapsed_after_step()
         count = self._count(after)
         if self._origin is None:
@@ -109,6 +118,7 @@ class _Bar(LoopCallbackBase):
         self.finished = final
 
     def _redraw_interval(self) -> float:
+        """Seconds between redraws; never below ``interval``."""
         return self.interval
 
     def _draw(self, frame: Frame) -> None:
@@ -116,7 +126,7 @@ class _Bar(LoopCallbackBase):
 
     # --- hooks -----------------------------------------------------------------------------
     def __loop_callback__(self, loop_state: LoopState) -> None:
-        final = self._count(loop_state.elapsed_after_step()) >= self.total
+        final = self._count_after_step(loop_state) >= self.total
         self.update(loop_state, final=final)
 
     def on_train_batch_end(
@@ -126,7 +136,7 @@ class _Bar(LoopCallbackBase):
 
     def on_epoch_end(self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState) -> None:
         # Shows the evaluation's values; at the last step the final line follows anyway.
-        if self._count(loop_state.elapsed_after_step()) < self.total:
+        if self._count_after_step(loop_state) < self.total:
             self.update(loop_state, force=True)
 
     def on_train_end(self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState) -> None:

@@ -1,0 +1,104 @@
+"""The per-step fast paths of the engine give the same answers as the general code."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ciclo
+from ciclo._loop._hooks import as_logs, end_hook_owners, is_fusable, is_observer, is_stateful
+from ciclo._time._elapsed import default_batch_size
+from ciclo._time._schedules import _Every
+
+
+def _general_batch_size(batch):
+    for leaf in jax.tree_util.tree_leaves(batch):
+        shape = getattr(leaf, "shape", None)
+        if shape is not None and len(shape) > 0:
+            return int(shape[0])
+    return 1
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        np.zeros((4, 2)),
+        jnp.zeros((3,)),
+        np.zeros(()),
+        (np.zeros((5, 784)), np.zeros(5)),
+        (np.zeros(()), np.zeros((7,))),
+        (jnp.zeros((2, 2)),),
+        (),
+        [np.zeros((6,))],
+        {"x": np.zeros((8, 1))},
+        3,
+    ],
+)
+def test_default_batch_size_fast_paths_match_the_general_rule(batch) -> None:
+    assert default_batch_size(batch) == _general_batch_size(batch)
+
+
+def test_every_step_fast_path_matches_the_general_rule() -> None:
+    counts = [0, 1, 2, 2, 3, 5, 5, 0, 0, 1, 4, 3, 3, 10]
+    fast = _Every("steps", 1)
+    general = _Every("steps", 1)
+    general._each_step = False
+    for steps in counts:
+        elapsed = ciclo.Elapsed(steps=steps, samples=steps, time=0.0, date=0.0)
+        assert fast(elapsed) == general(elapsed), steps
+    assert fast.state_dict() == general.state_dict()
+
+
+def test_elapsed_update_is_a_plain_frozen_elapsed() -> None:
+    e = ciclo.Elapsed.create().update(batch_size=4)
+    assert type(e) is ciclo.Elapsed
+    assert (e.steps, e.samples) == (1, 4)
+    assert e == ciclo.Elapsed(steps=1, samples=4, time=e.time, date=e.date)
+    with pytest.raises(AttributeError, match="cannot assign to field"):
+        e.steps = 3  # type: ignore[misc]
+
+
+def test_history_keeps_rows_in_order_across_host_device_and_stacked_commits() -> None:
+    history = ciclo.history(fetch_interval=1e9)
+    e = ciclo.Elapsed.create()
+    history.commit(e, ciclo.logs().add_metric("a", 1.0))  # host: stored at once
+    history.commit(e, ciclo.logs().add_metric("a", jnp.asarray(2.0)))  # device: waits
+    history.commit(e, ciclo.logs().add_metric("b", 5))  # host, but after a waiting row
+    history.commit_many([e, e], ciclo.logs().add_metric("a", jnp.asarray([3.0, 4.0])))
+    history.commit(e, None)
+    assert len(history) == 6
+    assert history.collect("a") == [1.0, 2.0, 3.0, 4.0]
+    assert history.collect("b") == [5]
+    assert [row.get("metrics", {}) for row in history] == [
+        {"a": 1.0},
+        {"a": 2.0},
+        {"b": 5},
+        {"a": 3.0},
+        {"a": 4.0},
+        {},
+    ]
+
+
+def test_hook_probes() -> None:
+    bar = ciclo.keras_bar(10)
+
+    class Run:
+        def step(self, state):
+            return state
+
+        def __loop_end__(self, loop_state, error):
+            pass
+
+    run = Run()
+    assert is_observer(bar) and not is_observer(run.step)
+    assert not is_fusable(run.step)
+    assert end_hook_owners([run.step, bar, run]) == [run]
+    assert is_stateful(ciclo.every(3)) and not is_stateful(run)
+
+
+def test_as_logs_names_what_is_wrong() -> None:
+    assert as_logs({"metrics": {"a": 1}}, str) == {"metrics": {"a": 1}}
+    with pytest.raises(TypeError, match="not logs: list"):
+        as_logs([1], lambda bad: f"not logs: {type(bad).__name__}")
