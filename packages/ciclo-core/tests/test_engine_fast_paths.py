@@ -92,10 +92,12 @@ def test_hook_probes() -> None:
             pass
 
     run = Run()
-    assert is_observer(bar) and not is_observer(run.step)
+    assert is_observer(bar)
+    assert not is_observer(run.step)
     assert not is_fusable(run.step)
     assert end_hook_owners([run.step, bar, run]) == [run]
-    assert is_stateful(ciclo.every(3)) and not is_stateful(run)
+    assert is_stateful(ciclo.every(3))
+    assert not is_stateful(run)
 
 
 def test_as_logs_names_what_is_wrong() -> None:
