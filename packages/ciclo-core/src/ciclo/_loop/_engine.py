@@ -79,8 +79,6 @@ def _run_steps(
     if any(callback.fusable for _, callbacks in task_list for callback in callbacks):
         run_fused_steps(loop_state, steps, task_list, in_flight)
         return
-    history = loop_state.history
-    accumulated = loop_state.accumulated_logs
     for elapsed, batch in steps:
         loop_state.elapsed = elapsed
         loop_state.batch = batch
@@ -88,10 +86,7 @@ def _run_steps(
         for schedule, callbacks in task_list:
             if schedule(elapsed):
                 run_callbacks(callbacks, loop_state)
-        logs = loop_state.logs  # a callback may have replaced it
-        if logs:
-            history.commit(elapsed, logs)
-            accumulated.merge(logs)
+        commit(loop_state)
         in_flight.push(loop_state)
         loop_state.end_step()
         if loop_state.stop_iteration:

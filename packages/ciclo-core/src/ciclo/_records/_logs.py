@@ -75,9 +75,9 @@ class Logs(dict[str, Any]):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__()
-        if not args and not kwargs:
+        if not args and not kwargs:  # empty (as made once per step): nothing to fill
             return
+        super().__init__()
         for collection, entries in dict(*args, **kwargs).items():
             self._set_collection(collection, entries)
 
