@@ -104,3 +104,30 @@ def test_as_logs_names_what_is_wrong() -> None:
     assert as_logs({"metrics": {"a": 1}}, str) == {"metrics": {"a": 1}}
     with pytest.raises(TypeError, match="not logs: list"):
         as_logs([1], lambda bad: f"not logs: {type(bad).__name__}")
+
+
+def test_a_plain_bar_redraws_on_the_steps_its_interval_says(monkeypatch) -> None:
+    import io
+
+    from ciclo.callbacks import _progress
+
+    clock = [100.0]
+    monkeypatch.setattr(_progress._time, "monotonic", lambda: clock[0])
+
+    def step(state, batch):
+        clock[0] += 0.03  # each step takes 30 ms
+        return ciclo.logs().add_metric("x", 1.0), state
+
+    out = io.StringIO()
+    bar = ciclo.keras_bar(40, interval=0.1, plain_interval=0.25, dynamic=False, file=out)
+    ciclo.loop(0, [np.zeros(1)] * 40, {ciclo.every(1): [step, bar]})
+    drawn = [int(line.split("/")[0]) for line in out.getvalue().splitlines()]
+    # The rule: the first step draws, then each step at least 0.25 s after the last
+    # draw, and the last step (the final line).
+    expected, last = [], None
+    for i in range(40):
+        now = 100.0 + 0.03 * (i + 1)
+        if last is None or now - last >= 0.25 or i == 39:
+            expected.append(i + 1)
+            last = now
+    assert drawn == expected

@@ -214,10 +214,11 @@ class elapse(Iterator[tuple[Elapsed, Any]]):
     def __next__(self) -> tuple[Elapsed, Any]:
         elapsed = self.elapsed
         if self._has_pending:  # count the previous batch: Elapsed.update, inlined
+            size = self._batch_size_fn(self._pending)
             now = _time.time()
             new = _new(Elapsed)
             _set(new, "steps", elapsed.steps + 1)
-            _set(new, "samples", elapsed.samples + self._batch_size_fn(self._pending))
+            _set(new, "samples", elapsed.samples + size)
             _set(new, "time", elapsed.time + (now - elapsed.date))
             _set(new, "date", now)
             elapsed = self.elapsed = new

@@ -73,6 +73,7 @@ class _Bar(LoopCallbackBase):
         self._file = file
         self._origin: tuple[float, float, Elapsed] | None = None  # (clock, count, elapsed)
         self._last_draw = -math.inf
+        self._next_check = -math.inf  # monotonic time before which no redraw is due
         self.finished = False
 
     @property
@@ -93,11 +94,14 @@ class _Bar(LoopCallbackBase):
         if self.finished:
             return
         now = _time.monotonic()
-        since = now - self._last_draw
-        if self._origin is not None and not (final or force) and since < self.interval:
-            return  # the common case (the redraw interval is never below `interval`)
-        due = final or force or since >= self._redraw_interval()
+        if self._origin is not None and not (final or force) and now < self._next_check:
+            return  # the common case: not due yet, nothing to compute
+        redraw_interval = self._redraw_interval()
+        due = final or force or now - self._last_draw >= redraw_interval
         if self._origin is not None and not due:
+            # Not due before the next redraw time; the interval (which depends on the
+            # output, a terminal or not) is asked again at least every `interval` seconds.
+            self._next_check = min(self._last_draw + redraw_interval, now + self.interval)
             return
         after = loop_state.elapsed_after_step()
         count = self._count(after)
@@ -106,6 +110,7 @@ class _Bar(LoopCallbackBase):
         if not due:
             return
         self._last_draw = now
+        self._next_check = now + self.interval  # the redraw interval is never below it
         values = _host.to_host(display_values(loop_state))
         clock, first_count, first = self._origin
         if self.unit == "time":
