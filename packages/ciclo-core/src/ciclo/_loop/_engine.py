@@ -1,4 +1,11 @@
-"""``ciclo.loop``: thread a state through a dataset, running callbacks on schedules."""
+"""``ciclo.loop``: thread a state through a dataset, running callbacks on schedules.
+
+Per batch, the engine asks each schedule in order and runs the callbacks of those that fire
+(:func:`~ciclo._loop._step.run_callbacks`), commits the step's logs, bounds the steps in
+flight and runs what callbacks queued for the step's end. The callback contract is in
+:mod:`ciclo._loop._hooks`; loops whose tasks hold a fusable step are driven by
+:mod:`ciclo._loop._fusion` instead.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +32,6 @@ from ._step import commit, run_callbacks
 __all__ = ["loop", "Tasks", "normalize_tasks"]
 
 Tasks = Mapping[Any, Any]
-CallbackList = Sequence[Callback]
 
 
 def _as_callback_list(value: Any) -> list[Callback]:
