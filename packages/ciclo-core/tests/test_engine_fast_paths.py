@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 import ciclo
-from ciclo._loop._hooks import as_logs, end_hook_owners, is_fusable, is_observer, is_stateful
+from ciclo._loop._hooks import (
+    as_logs,
+    as_stateful,
+    end_hook_owners,
+    is_fusable,
+    is_observer,
+    is_stateful,
+)
 from ciclo._time._elapsed import default_batch_size
 from ciclo._time._schedules import _Every
 
@@ -97,6 +104,9 @@ def test_hook_probes() -> None:
     assert not is_fusable(run.step)
     assert end_hook_owners([run.step, bar, run]) == [run]
     assert is_stateful(ciclo.every(3))
+    schedule = ciclo.every(3)
+    assert as_stateful(schedule) is schedule
+    assert as_stateful(run) is None
     assert not is_stateful(run)
 
 
