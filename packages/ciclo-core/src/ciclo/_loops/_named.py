@@ -9,6 +9,7 @@ the evaluation set). So they are keys for ``train_loop``, ``test_loop`` and
 from __future__ import annotations
 
 import difflib
+import functools
 from typing import Any
 
 __all__ = [
@@ -90,6 +91,7 @@ _OWNER_TEXT = {
 }
 
 
+@functools.cache
 def moments(*loops: str) -> tuple[str, ...]:
     """The names of the moments that any of ``loops`` (``"train"``, ``"test"``,
     ``"predict"``) runs, in the order they run.

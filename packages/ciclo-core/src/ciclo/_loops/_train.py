@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from .._loop._callback import as_callback
 from .._loop._engine import loop
 from .._records._history import History
 from .._records._logs import Logs
@@ -141,7 +142,10 @@ def train_loop(
             "train_loop got a test_dataset but no test step: give tasks="
             "{ciclo.on_test_step: test_step}, or a state with a `test_step` method."
         )
-    test_tasks = {NAMED_SCHEDULES[n]: named[n] for n in moments("test") if named[n]}
+    # Wrapped once, not at each evaluation (reading a callback's signature costs).
+    test_tasks = {
+        NAMED_SCHEDULES[n]: [as_callback(c) for c in named[n]] for n in moments("test") if named[n]
+    }
 
     def evaluation(name: str, make_dataset: Callable[[], Iterable[Any]]) -> Any:
         def run_test(state: Any) -> tuple[Any, Logs, Elapsed]:
