@@ -22,6 +22,7 @@ SCRIPTS = [
     "keras_fit.py",
     "history_scale.py",
     "eval_loop.py",
+    "train_eval_loop.py",
     "flax_step.py",
     "haiku_step.py",
     "equinox_step.py",

@@ -18,9 +18,6 @@ from ._loop._engine import loop as loop
 from ._loop._hooks import LoopCallback as LoopCallback
 from ._loop._hooks import LoopCallbackBase as LoopCallbackBase
 from ._loop._state import LoopState as LoopState
-from ._loops._loops import predict_loop as predict_loop
-from ._loops._loops import test_loop as test_loop
-from ._loops._loops import train_loop as train_loop
 from ._loops._named import NamedSchedule as NamedSchedule
 from ._loops._named import on_epoch_begin as on_epoch_begin
 from ._loops._named import on_epoch_end as on_epoch_end
@@ -40,6 +37,9 @@ from ._loops._named import on_train_batch_end as on_train_batch_end
 from ._loops._named import on_train_begin as on_train_begin
 from ._loops._named import on_train_end as on_train_end
 from ._loops._named import on_train_step as on_train_step
+from ._loops._predict import predict_loop as predict_loop
+from ._loops._test import test_loop as test_loop
+from ._loops._train import train_loop as train_loop
 from ._records._history import History as History
 from ._records._history import history as history
 from ._records._logs import Logs as Logs

@@ -8,7 +8,7 @@ import time as _time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .._loops._loops import test_loop
+from .._loops._test import test_loop
 from .._records._history import History
 from .._records._logs import Logs
 from ..callbacks._inner_loop import rename_logs

@@ -9,9 +9,17 @@ the evaluation set). So they are keys for ``train_loop``, ``test_loop`` and
 from __future__ import annotations
 
 import difflib
+import functools
 from typing import Any
 
-__all__ = ["NamedSchedule", "NAMED_SCHEDULES", "STATE_METHODS", "named_schedule"]
+__all__ = [
+    "NamedSchedule",
+    "NAMED_SCHEDULES",
+    "STATE_METHODS",
+    "moments",
+    "named_schedule",
+    "owner",
+]
 
 
 class NamedSchedule:
@@ -42,32 +50,69 @@ class NamedSchedule:
         return (named_schedule, (self.name,))
 
 
-_DOCS = {
-    "on_train_begin": "once, before the first training step",
-    "on_epoch_begin": "before the first step of each epoch",
-    "on_reset_step": "resets stateful metrics: at each epoch begin, and before each "
-    "evaluation or prediction",
-    "on_train_batch_begin": "before each training step",
-    "on_train_step": "the training step",
-    "on_train_batch_end": "after each training step",
-    "on_test_begin": "once, before the first evaluation batch",
-    "on_test_batch_begin": "before each evaluation step",
-    "on_test_step": "the evaluation step",
-    "on_test_batch_end": "after each evaluation step",
-    "on_test_end": "once, after the last evaluation batch (logs: the aggregated metrics)",
-    "on_epoch_end": "after the step that completes an epoch (after its evaluation)",
-    "on_train_end": "once, after the last training step",
-    "on_predict_begin": "once, before the first prediction batch",
-    "on_predict_batch_begin": "before each prediction step",
-    "on_predict_step": "the prediction step",
-    "on_predict_batch_end": "after each prediction step",
-    "on_predict_end": "once, after the last prediction batch",
-}
+# The one list of moments: (name, the loops that run it, when). Each loop's moments are
+# these, in this order, which is the order that loop runs them (train_loop runs the test
+# moments too, for its evaluations, before on_epoch_end).
+_MOMENTS = (
+    ("on_train_begin", "train", "once, before the first training step"),
+    (
+        "on_reset_step",
+        "train test predict",
+        "resets stateful metrics: at each epoch begin, and before each evaluation or prediction",
+    ),
+    ("on_epoch_begin", "train", "before the first step of each epoch"),
+    ("on_train_batch_begin", "train", "before each training step"),
+    ("on_train_step", "train", "the training step"),
+    ("on_train_batch_end", "train", "after each training step"),
+    ("on_test_begin", "test", "once, before the first evaluation batch"),
+    ("on_test_batch_begin", "test", "before each evaluation step"),
+    ("on_test_step", "test", "the evaluation step"),
+    ("on_test_batch_end", "test", "after each evaluation step"),
+    ("on_test_end", "test", "once, after the last evaluation batch (logs: the aggregated metrics)"),
+    ("on_epoch_end", "train", "after the step that completes an epoch (after its evaluation)"),
+    ("on_train_end", "train", "once, after the last training step"),
+    ("on_predict_begin", "predict", "once, before the first prediction batch"),
+    ("on_predict_batch_begin", "predict", "before each prediction step"),
+    ("on_predict_step", "predict", "the prediction step"),
+    ("on_predict_batch_end", "predict", "after each prediction step"),
+    ("on_predict_end", "predict", "once, after the last prediction batch"),
+)
 
 #: Every named schedule, by name.
 NAMED_SCHEDULES: dict[str, NamedSchedule] = {
-    name: NamedSchedule(name, doc) for name, doc in _DOCS.items()
+    name: NamedSchedule(name, doc) for name, _, doc in _MOMENTS
 }
+
+_LOOPS = {name: tuple(loops.split()) for name, loops, _ in _MOMENTS}
+_OWNER_TEXT = {
+    "train": "train_loop",
+    "test": "test_loop (or train_loop's evaluation)",
+    "predict": "predict_loop",
+}
+
+
+@functools.cache
+def moments(*loops: str) -> tuple[str, ...]:
+    """The names of the moments that any of ``loops`` (``"train"``, ``"test"``,
+    ``"predict"``) runs, in the order they run.
+
+    Example:
+        >>> moments("test")[:3]
+        ('on_reset_step', 'on_test_begin', 'on_test_batch_begin')
+    """
+    return tuple(name for name, owners in _LOOPS.items() if set(owners) & set(loops))
+
+
+def owner(name: str) -> str:
+    """Which loop runs the moment ``name``, in words (for error messages).
+
+    Example:
+        >>> owner("on_epoch_end"), owner("on_reset_step")
+        ('train_loop', 'every loop')
+    """
+    owners = _LOOPS[name]
+    return "every loop" if len(owners) == len(_OWNER_TEXT) else _OWNER_TEXT[owners[0]]
+
 
 # The public names (re-exported as ciclo.on_epoch_end, ...).
 on_train_begin = NAMED_SCHEDULES["on_train_begin"]

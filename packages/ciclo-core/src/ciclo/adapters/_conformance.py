@@ -289,7 +289,8 @@ class AdapterConformance:
         """``ciclo.train_loop`` trains and evaluates after each epoch with the state's own
         steps; ``ciclo.predict_loop`` collects the predictions."""
         self._check("train_loop")
-        from .._loops._loops import predict_loop, train_loop
+        from .._loops._predict import predict_loop
+        from .._loops._train import train_loop
 
         state, history, elapsed = train_loop(
             self.state(),
@@ -501,7 +502,7 @@ class AdapterConformance:
 
         from .._checkpoint._callback import checkpoint
         from .._checkpoint._restore import restore
-        from .._loops._loops import train_loop
+        from .._loops._train import train_loop
 
         batches = list(_batches(8, BATCH, seed=7))
         reference, reference_history, _ = train_loop(self.state(), batches, stop=8)

@@ -23,6 +23,15 @@ AggregationSpec = Aggregation | Mapping[str, Aggregation]
 
 _METHODS = ("last", "first", "mean", "sum", "min", "max")
 _NUMERIC = (jax.Array, np.ndarray, np.generic, int, float, bool)
+_NUMERIC_TYPES: set[type] = set()  # types seen to be subclasses of _NUMERIC
+
+
+def _is_numeric(value: Any) -> bool:
+    """Whether ``value`` can be reduced (remembering its type when that alone says so)."""
+    if issubclass(type(value), _NUMERIC):
+        _NUMERIC_TYPES.add(type(value))
+        return True
+    return isinstance(value, _NUMERIC)  # e.g. a tracer, by its abstract value
 
 
 def _check_method(method: Any, where: str) -> Aggregation:
@@ -52,12 +61,32 @@ class _Spec:
         return self.per_collection.get(collection, self.default)
 
 
+def _combine_values(method: str, acc: Any, value: Any, weight: Any) -> Any:
+    if method == "mean":
+        return acc + value * weight
+    return {"sum": jnp.add, "min": jnp.minimum, "max": jnp.maximum}[method](acc, value)
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _combine(method: str, acc: Any, values: Any, weight: Any) -> Any:
-    if method == "mean":
-        return jax.tree.map(lambda a, v: a + v * weight, acc, values)
-    op = {"sum": jnp.add, "min": jnp.minimum, "max": jnp.maximum}[method]
-    return jax.tree.map(op, acc, values)
+    return jax.tree.map(lambda a, v: _combine_values(method, a, v, weight), acc, values)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _fold(
+    methods: tuple[str, ...], acc: tuple[Any, ...], steps: tuple[tuple[Any, ...], ...], weights: Any
+) -> tuple[Any, ...]:
+    """``_combine`` of a chunk of steps in one call, in order (the same operations).
+
+    Entries are positional (the i-th of ``acc`` and of each step has ``methods[i]``), and
+    ``weights`` is one integer array, in which ``-1`` marks a padding step (a repeat of
+    another), left out: every chunk has the same size, so this compiles once.
+    """
+    out = list(acc)
+    for values, weight in zip(steps, weights, strict=True):
+        for i, (method, value) in enumerate(zip(methods, values, strict=True)):
+            out[i] = jnp.where(weight >= 0, _combine_values(method, out[i], value, weight), out[i])
+    return tuple(out)
 
 
 @jax.jit
@@ -72,13 +101,19 @@ def _divide(sums: Any, weights: Any) -> Any:
 
 _Key = tuple[str, str]
 
+#: Steps whose reductions run in one compiled call, once their entries repeat.
+_CHUNK = 16
+
 
 class Aggregator:
     """Aggregates the logs of many steps into one :class:`Logs`, on device.
 
-    ``add`` costs at most one compiled call per aggregation method and never fetches a
-    value to the host; ``result`` returns device values. ``"mean"`` is weighted (by samples
-    in the predefined loops), so a small last batch is not over-weighted.
+    ``add`` never fetches a value to the host; ``result`` returns device values.
+    ``"mean"`` is weighted (by samples in the predefined loops), so a small last batch is
+    not over-weighted. While the steps log the same entries, the reductions (``"mean"``,
+    ``"sum"``, ``"min"``, ``"max"``) of up to 16 steps run as one compiled call, so that
+    aggregating costs a fraction of a dispatch per step; a step that logs other entries
+    than the step before costs at most one call per method.
 
     Args:
         aggregation: a method for every collection (``"last"``, ``"first"``, ``"mean"``,
@@ -100,35 +135,61 @@ class Aggregator:
         self._values: dict[_Key, Any] = {}
         self._weights: dict[_Key, float] = {}
         self._stacks: dict[_Key, list[Any]] = {}
+        # Steps whose reductions are not combined yet; all reduce the entries `_keys`, which
+        # `_values` already holds.
+        self._pending: list[tuple[dict[_Key, Any], float]] = []
+        self._keys: tuple[_Key, ...] = ()
 
     def add(self, logs: Mapping[str, Mapping[str, Any]], weight: float = 1) -> None:
         """Adds the logs of one step, weighing ``"mean"`` entries by ``weight``."""
-        groups: dict[str, tuple[dict[_Key, Any], dict[_Key, Any]]] = {}
-        values = self._values
+        values, weights = self._values, self._weights
+        reduced: dict[_Key, Any] = {}
         for collection, entries in logs.items():
             method = self.spec.method(collection)
             if method is None:
                 continue
-            for name, value in entries.items():
-                key = (collection, name)
-                if method == "last":
-                    values[key] = value
-                elif method == "first":
-                    values.setdefault(key, value)
-                elif callable(method):
-                    self._stacks.setdefault(key, []).append(value)
-                    values[key] = None
-                else:
-                    if not isinstance(value, _NUMERIC):
+            if method == "last":
+                for name, value in entries.items():
+                    values[(collection, name)] = value
+            elif method == "first":
+                for name, value in entries.items():
+                    values.setdefault((collection, name), value)
+            elif callable(method):
+                for name, value in entries.items():
+                    self._stacks.setdefault((collection, name), []).append(value)
+                    values[(collection, name)] = None
+            else:
+                mean = method == "mean"
+                for name, value in entries.items():
+                    if type(value) not in _NUMERIC_TYPES and not _is_numeric(value):
                         raise TypeError(
                             f"cannot aggregate log entry {collection}.{name} with {method!r}: "
                             f"it is {type(value).__name__}, not a number or an array. Use "
                             f"aggregation={{{collection!r}: 'last'}} (or None to drop it)."
                         )
-                    existing, new = groups.setdefault(method, ({}, {}))
-                    (existing if key in values else new)[key] = value
-                    if method == "mean":
-                        self._weights[key] = self._weights.get(key, 0.0) + weight
+                    key = (collection, name)
+                    reduced[key] = value
+                    if mean:
+                        weights[key] = weights.get(key, 0.0) + weight
+        if not reduced:
+            return
+        if tuple(reduced) == self._keys:
+            self._pending.append((reduced, weight))
+            if len(self._pending) == _CHUNK:
+                self._fold()
+            return
+        self._fold()
+        self._combine(reduced, weight)
+        self._keys = tuple(reduced)
+
+    def _combine(self, reduced: dict[_Key, Any], weight: float) -> None:
+        """Combines one step's reduced entries into the running values."""
+        values = self._values
+        groups: dict[str, tuple[dict[_Key, Any], dict[_Key, Any]]] = {}
+        for key, value in reduced.items():
+            method = self.spec.method(key[0])
+            existing, new = groups.setdefault(str(method), ({}, {}))
+            (existing if key in values else new)[key] = value
         for method, (existing, new) in groups.items():
             if existing:
                 acc = {k: values[k] for k in existing}
@@ -136,8 +197,29 @@ class Aggregator:
             if new:
                 values.update(_scale(new, weight) if method == "mean" else new)
 
+    def _fold(self) -> None:
+        """Combines the pending steps (all with the entries ``_keys``) in one call."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        weights = [weight for _, weight in pending]
+        if not all(type(w) is int for w in weights):  # keep the dtypes of a Python float
+            for reduced, weight in pending:
+                self._combine(reduced, weight)
+            return
+        keys = self._keys
+        methods = tuple(str(self.spec.method(collection)) for collection, _ in keys)
+        acc = tuple(self._values[key] for key in keys)
+        steps = [tuple(reduced.values()) for reduced, _ in pending]
+        padding = _CHUNK - len(steps)
+        steps += [steps[-1]] * padding
+        weights += [-1] * padding
+        folded = _fold(methods, acc, tuple(steps), np.asarray(weights, np.int32))
+        self._values.update(zip(keys, folded, strict=True))
+
     def result(self) -> Logs:
         """The aggregated logs (an entry appears if some step had it)."""
+        self._fold()
         out = Logs()
         means = {k: v for k, v in self._values.items() if k in self._weights}
         if means:

@@ -1,0 +1,166 @@
+"""The epoch clock of ``train_loop``: which training steps begin an epoch, which end one,
+and after which ones each evaluation set is evaluated."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .._loop._state import LoopState
+from .._time._elapsed import Elapsed
+from .._time._schedules import Schedule, every
+from ._registry import Hook
+
+__all__ = ["EpochClock"]
+
+
+def _every(period: tuple[str, float] | None) -> Schedule | None:
+    return None if period is None else every(**{period[0]: period[1]})  # type: ignore[arg-type]
+
+
+class EpochClock:
+    """Decides, once per training step, whether the step begins an epoch, whether it ends
+    one, and which evaluation sets are due after it.
+
+    A step ends an epoch when the count *after* it crosses a multiple of the epoch's
+    duration; an epoch begins at the first step of the loop when the count is on a
+    boundary (e.g. 0), and at the step after one ended. An evaluation set without a
+    duration of its own follows epoch ends.
+
+    The loop reaches the clock through schedules (:meth:`begins`, :meth:`ends`,
+    :meth:`test_due`, and :attr:`schedule`, which holds what the clock remembers for
+    checkpoints): being schedules rather than callbacks, they do not split a fused group
+    of steps. Whichever of them the loop asks first at a step makes the step's decision
+    (from the ``loop_state`` that the :attr:`bind` hook attaches in ``on_start``); the others read
+    it, so the order in which they are asked does not matter.
+
+    Args:
+        epoch: the epoch's ``(unit, amount)`` (see ``_time._units.period_unit``), or ``None`` when
+            the whole run is one epoch.
+        tests: ``{name: (unit, amount) or None}``, each evaluation set's own period.
+
+    Example:
+        >>> import ciclo
+        >>> clock = EpochClock(("steps", 2), {"test": None})
+        >>> loop_state = ciclo.LoopState(None, ciclo.history(), ciclo.Elapsed.create())
+        >>> clock.attach(loop_state)
+        >>> ends = clock.ends()
+        >>> fired = []
+        >>> for elapsed, batch in ciclo.elapse([[0.0]] * 5):
+        ...     loop_state.elapsed, loop_state.batch = elapsed, batch
+        ...     fired.append(ends(elapsed))
+        >>> fired
+        [False, True, False, True, False]
+    """
+
+    def __init__(
+        self, epoch: tuple[str, float] | None, tests: Mapping[str, tuple[str, float] | None]
+    ) -> None:
+        self.epoch = epoch
+        self._epoch_schedule = _every(epoch)
+        self._test_schedules = {name: _every(test) for name, test in tests.items()}
+        self.first = True  # no step decided yet in this run
+        self.begun = self.ended = False  # the decided step begins / ends an epoch
+        self.due = dict.fromkeys(tests, False)  # the decided step is followed by evaluation
+        self._step: Elapsed | None = None  # the step decided last (its count before it)
+        self._loop_state: LoopState | None = None
+        self.schedule: Schedule = _ClockSchedule(self)
+        self.bind = Hook("train_loop clock", self.attach)
+
+    def attach(self, loop_state: LoopState) -> None:
+        """Reads the current step from ``loop_state`` (what :attr:`bind` does in on_start)."""
+        self._loop_state = loop_state
+
+    def decide(self, elapsed: Elapsed) -> None:
+        """Makes the decision of the step whose count before it is ``elapsed``, once."""
+        if elapsed is self._step:
+            return
+        assert self._loop_state is not None, "the clock is bound in on_start"
+        self._step = elapsed
+        after = self._loop_state.elapsed_after_step()
+        if self.first:
+            if self.epoch is None:
+                self.begun = True
+            else:
+                unit, amount = self.epoch
+                self.begun = getattr(elapsed, unit) % amount == 0
+            # Show the schedules where this loop starts, so that a boundary crossed by the
+            # first step counts (a continued run may start mid-epoch).
+            for schedule in self.schedules():
+                schedule(elapsed)
+            self.first = False
+        else:
+            self.begun = self.ended
+        self.ended = self._epoch_schedule(after) if self._epoch_schedule else False
+        for name, test in self._test_schedules.items():
+            self.due[name] = test(after) if test else self.ended
+
+    def restore(self, *, first: bool, ended: bool) -> None:
+        """Continues a run whose last decided step ``ended`` an epoch (or none, ``first``)."""
+        self.first, self.ended, self._step = first, ended, None
+
+    def schedules(self) -> tuple[Schedule, ...]:
+        """The periodic schedules behind the decisions (their state is the clock's)."""
+        candidates = (self._epoch_schedule, *self._test_schedules.values())
+        return tuple(s for s in candidates if s is not None)
+
+    def begins(self) -> Schedule:
+        """Fires at the first step of each epoch."""
+        return _Flag(self, "begins", lambda: self.begun)
+
+    def ends(self) -> Schedule:
+        """Fires at the step that completes an epoch."""
+        inner = (self._epoch_schedule,) if self._epoch_schedule else ()
+        return _Flag(self, "ends", lambda: self.ended, *inner)
+
+    def test_due(self, name: str) -> Schedule:
+        """Fires at the steps after which the evaluation set ``name`` is evaluated."""
+        test = self._test_schedules[name]
+        inner = (test,) if test else ()
+        return _Flag(self, f"test_due[{name!r}]", lambda: self.due[name], *inner)
+
+
+class _ClockSchedule(Schedule):
+    """The clock as a task of the loop: it never fires; it makes the step's decision when
+    asked first, and saves and restores what the clock remembers."""
+
+    def __init__(self, clock: EpochClock) -> None:
+        self.clock = clock
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        self.clock.decide(elapsed)
+        return False
+
+    def children(self) -> tuple[Schedule, ...]:
+        return self.clock.schedules()
+
+    def state_dict(self) -> dict[str, Any]:
+        # A resumed run needs to know whether the last step ended an epoch (the next one
+        # then begins one): the count alone does not say it for epochs in samples or time.
+        return {**super().state_dict(), "first": self.clock.first, "ends": self.clock.ended}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.clock.restore(first=bool(state["first"]), ended=bool(state["ends"]))
+
+    def __repr__(self) -> str:
+        return "train_loop.clock"
+
+
+class _Flag(Schedule):
+    """Fires when the clock's decision for the current step says so."""
+
+    def __init__(
+        self, clock: EpochClock, label: str, get: Callable[[], bool], *inner: Schedule
+    ) -> None:
+        self.clock, self.label, self.get, self.inner = clock, label, get, inner
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        self.clock.decide(elapsed)
+        return bool(self.get())
+
+    def children(self) -> tuple[Schedule, ...]:
+        return self.inner
+
+    def __repr__(self) -> str:
+        return f"train_loop.{self.label}"

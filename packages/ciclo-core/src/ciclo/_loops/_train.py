@@ -1,0 +1,192 @@
+"""``train_loop``: train a state, evaluating it after each epoch, with callbacks on named
+schedules (``on_epoch_end``...) and ordinary ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from .._loop._callback import as_callback
+from .._loop._engine import loop
+from .._records._history import History
+from .._records._logs import Logs
+from .._time._elapsed import Elapsed, Period
+from .._time._schedules import always
+from .._time._units import period_unit
+from ..callbacks._inner_loop import inner_loop
+from ._clock import EpochClock
+from ._evaluation import evaluation_sets
+from ._named import NAMED_SCHEDULES, moments
+from ._registry import Registry, check_no_hooks, loop_tasks
+from ._test import test_loop
+
+__all__ = ["train_loop"]
+
+
+def train_loop(
+    state: Any,
+    train_dataset: Iterable[Any],
+    tasks: Mapping[Any, Any] | None = None,
+    *,
+    callbacks: Sequence[Any] | None = None,
+    test_dataset: Callable[[], Iterable[Any]]
+    | Mapping[str, Callable[[], Iterable[Any]]]
+    | None = None,
+    epoch_duration: int | Period | None = None,
+    test_duration: int | Period | Mapping[str, int | Period | None] | None = None,
+    test_name: str = "test",
+    stop: int | Period | None = None,
+    batch_size_fn: Callable[[Any], int] | None = None,
+    history: History | None = None,
+    elapsed: Elapsed | None = None,
+    metadata: Any = None,
+    **loop_kwargs: Any,
+) -> tuple[Any, History, Elapsed]:
+    """Trains ``state`` on ``train_dataset``, evaluating on ``test_dataset`` after each
+    epoch, with callbacks on named schedules (``on_epoch_end``, ...) and ordinary ones.
+
+    Order of events (``elapsed`` is the count before the step, as in :func:`ciclo.loop`)::
+
+        on_train_begin                        once, before the first step
+        each step:
+          on_reset_step, on_epoch_begin       at the first step of each epoch
+          on_train_batch_begin
+          on_train_step and ordinary          in tasks order (the step first when tasks
+            schedules (ciclo.every(...))      does not name on_train_step)
+          on_train_batch_end
+          evaluation                          when this step completes a test_duration
+                                              (default: an epoch); on a fresh
+                                              test_dataset(): on_reset_step, on_test_begin,
+                                              [on_test_batch_begin, on_test_step,
+                                              on_test_batch_end] per batch, on_test_end
+          on_epoch_end                        when this step completes an epoch
+        on_train_end                          once, after the last step
+
+    An epoch ends after the step whose count *after* the step crosses a multiple of
+    ``epoch_duration`` (steps 0..9 are epoch 1 for ``epoch_duration=10``): evaluation never
+    runs after step 0. Without ``epoch_duration`` the whole run is one epoch, evaluated and
+    ended in ``on_train_end``'s place. A last epoch cut short by ``stop`` is not evaluated.
+
+    The evaluation's metrics (sample-weighted over the evaluation set, see
+    :func:`test_loop`) are renamed ``<name>_<test_name>`` (``accuracy_test``) and join the
+    logs of the step that completed the epoch, so ``history.collect("steps", "loss",
+    "accuracy_test")`` gives one row per evaluation, and ``on_epoch_end`` callbacks (early
+    stopping, checkpoints) see them in ``loop_state.logs``. Evaluation never changes the
+    training state (the state the evaluation returns is dropped).
+
+    Several evaluation sets: ``test_dataset={"valid": make_valid, "test": make_test}``
+    evaluates each (in dict order, with the same test step and ``on_test_*`` callbacks),
+    giving ``accuracy_valid``, ``accuracy_test``...; ``test_duration={"valid": 100}`` gives
+    a set its own period (sets it does not name are evaluated at each epoch's end), and a
+    single ``test_duration`` applies to every set.
+
+    Args:
+        state: the state; its ``train_step``, ``test_step`` and ``reset_step`` methods (if
+            any) run under ``on_train_step``, ``on_test_step`` and ``on_reset_step`` unless
+            ``tasks`` or ``callbacks`` give callbacks for those schedules.
+        train_dataset: an iterable of batches.
+        tasks: ``{schedule: callback or [callbacks]}``; a schedule is a named schedule
+            (``ciclo.on_epoch_end`` or ``"on_epoch_end"``) or an ordinary one
+            (``ciclo.every(100)``), which runs with the training step.
+        callbacks: objects whose methods named after schedules (``on_epoch_end``,
+            ``on_train_batch_end``, ``on_test_step``...) register themselves, e.g.
+            ``[ciclo.keras_bar(1000), ciclo.early_stopping("loss_test", patience=3)]``.
+        test_dataset: a zero-argument function returning a fresh evaluation dataset,
+            called at each evaluation (``lambda: batches(x_test, y_test)``), or a dict
+            ``{name: function}`` of several evaluation sets.
+        epoch_duration: an epoch's length: an int (steps) or ``ciclo.at(samples=...)`` /
+            ``ciclo.at(time=...)``.
+        test_duration: evaluate every this much training instead of every epoch; a dict
+            ``{name: duration}`` sets it per evaluation set.
+        test_name: the suffix of evaluation entries of a single ``test_dataset`` (with a
+            dict, its keys).
+        stop: when to stop (an int or a ``ciclo.at(...)``); by default the dataset's end.
+        batch_size_fn: ``batch -> int`` to count samples (leading dimension by default).
+        history, elapsed, metadata: as in :func:`ciclo.loop`.
+        **loop_kwargs: passed on to :func:`ciclo.loop` (``max_steps_in_flight``,
+            ``stop_signals``, ...).
+
+    Returns:
+        ``(state, history, elapsed)`` like :func:`ciclo.loop`.
+
+    Example:
+        >>> import ciclo, jax, numpy as np
+        >>> @jax.jit
+        ... def train_step(state, batch):
+        ...     return ciclo.logs().add_loss("loss", (batch * state).mean()), state * 0.5
+        >>> @jax.jit
+        ... def test_step(state, batch):
+        ...     return ciclo.logs().add_metric("score", (batch * state).mean())
+        >>> state, history, elapsed = ciclo.train_loop(
+        ...     1.0,
+        ...     [np.ones((2, 3))] * 6,
+        ...     {ciclo.on_train_step: train_step, ciclo.on_test_step: test_step},
+        ...     test_dataset=lambda: [np.ones((2, 3))],
+        ...     epoch_duration=3,
+        ... )
+        >>> history.collect("steps", "score_test")
+        ([2, 5], [0.125, 0.015625])
+    """
+    check_no_hooks("train_loop", loop_kwargs)
+    registry = Registry(
+        "train_loop", moments("train", "test"), "on_train_step", state, tasks, callbacks
+    )
+    registry.require_step("train_step")
+    named = registry.named
+    epoch = None if epoch_duration is None else period_unit(epoch_duration, "epoch_duration")
+    sets = evaluation_sets(test_dataset, test_duration, test_name)
+    clock = EpochClock(epoch, {name: duration for name, (_, duration) in sets.items()})
+
+    if sets and not named["on_test_step"]:
+        raise ValueError(
+            "train_loop got a test_dataset but no test step: give tasks="
+            "{ciclo.on_test_step: test_step}, or a state with a `test_step` method."
+        )
+    # Wrapped once, not at each evaluation (reading a callback's signature costs).
+    test_tasks = {
+        NAMED_SCHEDULES[n]: [as_callback(c) for c in named[n]] for n in moments("test") if named[n]
+    }
+
+    def evaluation(name: str, make_dataset: Callable[[], Iterable[Any]]) -> Any:
+        def run_test(state: Any) -> tuple[Any, Logs, Elapsed]:
+            return test_loop(
+                state,
+                make_dataset(),
+                test_tasks,
+                batch_size_fn=batch_size_fn,
+                metadata=metadata,
+                stop_signals=(),  # a Ctrl-C during evaluation stops the training loop
+            )
+
+        return inner_loop(name, run_test)
+
+    evaluations = {name: evaluation(name, factory) for name, (factory, _) in sets.items()}
+    train_tasks = {
+        clock.schedule: [],  # first, so its state comes first in checkpoints
+        **loop_tasks(
+            (clock.begins(), named["on_reset_step"] + named["on_epoch_begin"]),
+            (always(), named["on_train_batch_begin"]),
+            *registry.step_tasks(),
+            (always(), named["on_train_batch_end"]),
+            *((clock.test_due(name), [callback]) for name, callback in evaluations.items()),
+            (clock.ends(), named["on_epoch_end"]),
+        ),
+    }
+    on_end: list[Any] = []
+    if epoch is None:  # the whole run is one epoch: it ends with the loop
+        on_end += [evaluations[name] for name, (_, duration) in sets.items() if not duration]
+        on_end += named["on_epoch_end"]
+    on_end += named["on_train_end"]
+    return loop(
+        state,
+        train_dataset,
+        train_tasks,
+        stop=stop,
+        on_start=[clock.bind, *named["on_train_begin"]],
+        on_end=on_end,
+        history=history,
+        elapsed=elapsed,
+        batch_size_fn=batch_size_fn,
+        metadata=metadata,
+        **loop_kwargs,
+    )
