@@ -15,7 +15,7 @@ from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period
 from ._named import moments
 from ._registry import Registry, check_no_hooks
-from ._test import run_batches
+from ._test import EVALUATION_STEPS_IN_FLIGHT, run_batches
 
 __all__ = ["predict_loop"]
 
@@ -65,7 +65,8 @@ def predict_loop(
         tasks, callbacks: as in :func:`test_loop`, with the predict schedules.
         concatenate: concatenate each output along the batch axis (0-d outputs are
             stacked); by default each output is a list with one value per batch.
-        stop, batch_size_fn, metadata, **loop_kwargs: as in :func:`ciclo.loop`.
+        stop, batch_size_fn, metadata, **loop_kwargs: as in :func:`ciclo.loop`
+            (``max_steps_in_flight`` defaults to 8, as in :func:`ciclo.test_loop`).
 
     Returns:
         ``(state, outputs, elapsed)`` with ``outputs`` a dict ``{name: values}``.
@@ -86,7 +87,7 @@ def predict_loop(
         "predict_loop", moments("predict"), "on_predict_step", state, tasks, callbacks
     )
     registry.require_step("predict_step")
-    in_flight = InFlight(loop_kwargs.pop("max_steps_in_flight", 2))
+    in_flight = InFlight(loop_kwargs.pop("max_steps_in_flight", EVALUATION_STEPS_IN_FLIGHT))
     collected: dict[str, list[Any]] = {}
 
     def collect(loop_state: LoopState) -> None:
