@@ -23,7 +23,7 @@ from .._time._elapsed import Elapsed, Period, elapse
 from .._time._schedules import Schedule, as_schedule
 from ._callback import Callback, as_callback, callback_name
 from ._fusion import run_fused_steps
-from ._hooks import EndHook, end_hook_owners
+from ._hooks import EndHook, end_hook_owners, steps_per_call
 from ._in_flight import InFlight
 from ._signals import exit_if_terminated, stop_gracefully_on
 from ._state import LoopState
@@ -81,8 +81,14 @@ def _run_steps(
     """Runs every batch: the callbacks whose schedules fire, in order (each schedule asked
     when the previous task's callbacks have run), then a commit of the step's logs, then
     what callbacks queued with ``loop_state.at_step_end``. Tasks holding a fusable callback
-    are run by :func:`~ciclo._loop._fusion.run_fused_steps` instead."""
-    if any(callback.fusable for _, callbacks in task_list for callback in callbacks):
+    asking for several steps per call (K > 1) when the loop starts are run by
+    :func:`~ciclo._loop._fusion.run_fused_steps` instead. (A fusable callback whose K
+    becomes larger than 1 later runs one step per call here: the same steps, unfused.)"""
+    if any(
+        callback.fusable and steps_per_call(callback.fn, loop_state) > 1
+        for _, callbacks in task_list
+        for callback in callbacks
+    ):
         run_fused_steps(loop_state, steps, task_list, in_flight)
         return
     for elapsed, batch in steps:
