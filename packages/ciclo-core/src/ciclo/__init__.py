@@ -18,7 +18,6 @@ from ._loop._engine import loop as loop
 from ._loop._hooks import LoopCallback as LoopCallback
 from ._loop._hooks import LoopCallbackBase as LoopCallbackBase
 from ._loop._state import LoopState as LoopState
-from ._loops._named import NamedSchedule as NamedSchedule
 from ._loops._named import on_epoch_begin as on_epoch_begin
 from ._loops._named import on_epoch_end as on_epoch_end
 from ._loops._named import on_predict_batch_begin as on_predict_batch_begin
@@ -48,6 +47,7 @@ from ._time._elapsed import Elapsed as Elapsed
 from ._time._elapsed import Period as Period
 from ._time._elapsed import at as at
 from ._time._elapsed import elapse as elapse
+from ._time._schedules import NamedSchedule as NamedSchedule
 from ._time._schedules import Schedule as Schedule
 from ._time._schedules import after as after
 from ._time._schedules import always as always

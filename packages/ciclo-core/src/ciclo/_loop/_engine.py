@@ -16,11 +16,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._checkpoint import _resume
-from .._loops._named import NamedSchedule
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period, elapse
-from .._time._schedules import Schedule, as_schedule
+from .._time._schedules import NamedSchedule, Schedule, as_schedule
 from ._callback import Callback, as_callback, callback_name
 from ._fusion import run_fused_steps
 from ._hooks import EndHook, end_hook_owners, steps_per_call

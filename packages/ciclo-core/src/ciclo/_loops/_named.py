@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import difflib
 import functools
-from typing import Any
+
+from .._time._schedules import NamedSchedule
 
 __all__ = [
     "NamedSchedule",
@@ -20,34 +21,6 @@ __all__ = [
     "named_schedule",
     "owner",
 ]
-
-
-class NamedSchedule:
-    """A moment of a predefined loop, e.g. ``ciclo.on_epoch_end``.
-
-    Use it as a key of ``tasks`` in :func:`ciclo.train_loop`, :func:`ciclo.test_loop` or
-    :func:`ciclo.predict_loop`; a callback object in ``callbacks=[...]`` hooks into it by
-    defining a method of the same name.
-
-    Example:
-        >>> import ciclo
-        >>> ciclo.on_epoch_end
-        ciclo.on_epoch_end
-        >>> ciclo.on_epoch_end.name
-        'on_epoch_end'
-    """
-
-    __slots__ = ("doc", "name")
-
-    def __init__(self, name: str, doc: str) -> None:
-        self.name = name
-        self.doc = doc
-
-    def __repr__(self) -> str:
-        return f"ciclo.{self.name}"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (named_schedule, (self.name,))
 
 
 # The one list of moments: (name, the loops that run it, when). Each loop's moments are

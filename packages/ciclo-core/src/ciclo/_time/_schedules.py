@@ -22,7 +22,17 @@ from typing import Any
 from ._elapsed import Elapsed, Period, as_period
 from ._units import one_unit
 
-__all__ = ["Schedule", "every", "after", "piecewise", "always", "never", "as_schedule"]
+__all__ = [
+    "Schedule",
+    "NamedSchedule",
+    "every",
+    "after",
+    "piecewise",
+    "always",
+    "never",
+    "as_schedule",
+    "named_moment",
+]
 
 
 class Schedule:
@@ -294,3 +304,46 @@ def never() -> Schedule:
         False
     """
     return _Constant(False)
+
+
+_MOMENTS: dict[str, NamedSchedule] = {}
+
+
+class NamedSchedule:
+    """A moment of a predefined loop, e.g. ``ciclo.on_epoch_end``.
+
+    Use it as a key of ``tasks`` in :func:`ciclo.train_loop`, :func:`ciclo.test_loop` or
+    :func:`ciclo.predict_loop`; a callback object in ``callbacks=[...]`` hooks into it by
+    defining a method of the same name.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.on_epoch_end
+        ciclo.on_epoch_end
+        >>> ciclo.on_epoch_end.name
+        'on_epoch_end'
+    """
+
+    __slots__ = ("doc", "name")
+
+    def __init__(self, name: str, doc: str) -> None:
+        self.name = name
+        self.doc = doc
+        _MOMENTS.setdefault(name, self)
+
+    def __repr__(self) -> str:
+        return f"ciclo.{self.name}"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (named_moment, (self.name,))
+
+
+def named_moment(name: str) -> NamedSchedule:
+    """The :class:`NamedSchedule` called ``name`` (how a pickled one is restored).
+
+    Example:
+        >>> import ciclo
+        >>> named_moment("on_epoch_end") is ciclo.on_epoch_end
+        True
+    """
+    return _MOMENTS[name]
