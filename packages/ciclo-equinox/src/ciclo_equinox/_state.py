@@ -11,7 +11,6 @@ costs what a hand-written ``eqx.filter_jit`` step costs.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -20,12 +19,9 @@ import jax
 import optax
 
 import ciclo
-from ciclo.adapters import STATIC, AdapterState, Static
+from ciclo.adapters import AUTO, STATIC, AdapterState, Static, check_options, find_argument
 
 __all__ = ["EquinoxState", "create_state"]
-
-#: Detect whether the model takes ``key`` from the signature of its ``__call__``.
-AUTO = "auto"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -144,20 +140,15 @@ def _batch_size(inputs: Any, model: Any) -> int:
 
 
 def _detect_key_arg(model: Any, key_arg: str | None) -> str | None:
-    name = type(model).__name__
-    try:
-        parameters = inspect.signature(model).parameters
-    except (TypeError, ValueError):
-        parameters = {}  # type: ignore[assignment]
-    if key_arg == AUTO:
-        return "key" if "key" in parameters else None
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-    if key_arg is not None and key_arg not in parameters and not takes_any:
-        raise TypeError(
-            f"key_arg={key_arg!r}, but {name}.__call__ takes no argument of that name (it "
-            f"takes {list(parameters)}). Pass key_arg=None to give the model no key."
-        )
-    return key_arg
+    """The ``__call__`` keyword given the step's RNG key: ``key`` when ``"auto"`` finds it."""
+    return find_argument(
+        model,
+        key_arg,
+        candidates=("key",),
+        option="key_arg",
+        what=f"{type(model).__name__}.__call__",
+        none_means="give the model no key",
+    )
 
 
 def _has_state_index(model: Any) -> bool:
@@ -295,6 +286,7 @@ def create_state(
         >>> int(state.step)
         1
     """
+    check_options(options, create_state)
     _check_model(model, tx)
     if state is None:
         model, state = _with_initial_state(model)

@@ -12,9 +12,16 @@ import jax
 import optax
 
 import ciclo
-from ciclo.adapters import STATIC, AdapterState, Static
-
-from ._mode import AUTO, detect_training_arg, stream_keys, training_kwargs
+from ciclo.adapters import (
+    AUTO,
+    STATIC,
+    AdapterState,
+    Static,
+    check_options,
+    detect_training_arg,
+    stream_keys,
+    training_kwargs,
+)
 
 __all__ = ["FlaxState", "create_state"]
 
@@ -114,6 +121,7 @@ def create_state(
         >>> int(state.step)
         1
     """
+    check_options(options, create_state)
     if not isinstance(module, nn.Module):
         raise TypeError(
             f"ciclo_flax.create_state needs a flax.linen.Module, got {type(module).__name__}."
@@ -124,7 +132,7 @@ def create_state(
             )
         )
     name = type(module).__name__
-    flag = detect_training_arg(module.__call__, training_arg, name)
+    flag = detect_training_arg(module.__call__, training_arg, f"{name}.__call__")
     init_key, key = jax.random.split(ciclo.adapters.as_key(key))
     if variables is None:
         rngs = {"params": init_key, **stream_keys(init_key, rng_streams)}

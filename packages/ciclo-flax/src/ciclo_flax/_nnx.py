@@ -16,9 +16,16 @@ import optax
 from flax import nnx
 
 import ciclo
-from ciclo.adapters import STATIC, AdapterState, Static
-
-from ._mode import AUTO, detect_training_arg, stream_keys, training_kwargs
+from ciclo.adapters import (
+    AUTO,
+    STATIC,
+    AdapterState,
+    Static,
+    check_options,
+    detect_training_arg,
+    stream_keys,
+    training_kwargs,
+)
 
 __all__ = ["NNXState", "create_nnx_state"]
 
@@ -116,13 +123,14 @@ def create_nnx_state(
         >>> int(state.step)
         1
     """
+    check_options(options, create_nnx_state)
     if not isinstance(model, nnx.Module):
         raise TypeError(
             f"ciclo_flax.create_nnx_state needs a flax.nnx.Module, got {type(model).__name__}. "
             f"For a flax.linen module use ciclo_flax.create_state(module, inputs, tx, ...)."
         )
     name = type(model).__name__
-    flag = detect_training_arg(model.__call__, training_arg, name)  # type: ignore[operator]
+    flag = detect_training_arg(model.__call__, training_arg, f"{name}.__call__")  # type: ignore[operator]
     graphdef, params, model_state = nnx.split(model, wrt, ...)
     if not jax.tree_util.tree_leaves(params):
         raise ValueError(

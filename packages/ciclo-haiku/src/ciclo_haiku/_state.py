@@ -13,14 +13,19 @@ import jax
 import optax
 
 import ciclo
-from ciclo.adapters import STATIC, AdapterState
+from ciclo.adapters import (
+    AUTO,
+    STATIC,
+    AdapterState,
+    check_options,
+    detect_training_arg,
+    training_kwargs,
+)
 
 __all__ = ["AUTO", "HaikuState", "create_state"]
 
-#: ``training_arg="auto"``: pass ``is_training`` when the function takes an argument of that name.
-AUTO = "auto"
-
-_FLAG = "is_training"
+#: The training flag of Haiku models (``training_arg="auto"`` looks for it).
+_FLAGS = ("is_training",)
 
 #: What ``create_state`` accepts as a model.
 Model = Callable[..., Any] | hk.Transformed | hk.TransformedWithState
@@ -55,8 +60,9 @@ class HaikuState(AdapterState):
         leading = (params, model_state) if self.with_state else (params,)
         if self.apply_rng:
             leading += (key,)
-        kwargs = {} if self.training_arg is None else {self.training_arg: training}
-        out = self.transformed.apply(*leading, inputs, **kwargs)
+        out = self.transformed.apply(
+            *leading, inputs, **training_kwargs(self.training_arg, training)
+        )
         return out if self.with_state else (out, model_state)
 
 
@@ -121,10 +127,11 @@ def create_state(
         >>> int(state.step)
         1
     """
+    check_options(options, create_state)
     transformed = _transformed(model)
     with_state = isinstance(transformed, hk.TransformedWithState)
     signature = _function_signature(transformed)
-    flag = _training_arg(signature, training_arg)
+    flag = detect_training_arg(signature, training_arg, "the model function", flags=_FLAGS)
     _check_callable_with_inputs(signature, flag)
     init_key, key = jax.random.split(ciclo.adapters.as_key(key))
     if params is None:
@@ -200,7 +207,7 @@ def _transform(function: Callable[..., Any]) -> hk.TransformedWithState:
 
 @functools.lru_cache(maxsize=64)
 def _jitted_init(init: Callable[..., Any], flag: str | None) -> Callable[..., Any]:
-    kwargs = {} if flag is None else {flag: True}
+    kwargs = training_kwargs(flag, True)
     return jax.jit(lambda rng, inputs: init(rng, inputs, **kwargs))
 
 
@@ -216,31 +223,11 @@ def _function_signature(transformed: Any) -> inspect.Signature | None:
     return signature.replace(parameters=parameters)
 
 
-def _training_arg(signature: inspect.Signature | None, training_arg: str | None) -> str | None:
-    parameters = {} if signature is None else signature.parameters
-    if training_arg == AUTO:
-        return _FLAG if _FLAG in parameters else None
-    if training_arg is None:
-        return None
-    if not isinstance(training_arg, str):
-        raise TypeError(
-            f"training_arg must be an argument name, 'auto' or None, got {training_arg!r}."
-        )
-    takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-    if signature is not None and training_arg not in parameters and not takes_kwargs:
-        raise TypeError(
-            f"training_arg={training_arg!r}, but the model function takes no argument of that "
-            f"name (it takes {list(parameters)}). Add it to the function, or pass "
-            f"training_arg=None to pass no training flag."
-        )
-    return training_arg
-
-
 def _check_callable_with_inputs(signature: inspect.Signature | None, flag: str | None) -> None:
     if signature is None:
         return
     try:
-        signature.bind(object(), **({} if flag is None else {flag: True}))
+        signature.bind(object(), **training_kwargs(flag, True))
     except TypeError as error:
         call = "f(inputs" + ("" if flag is None else f", {flag}=...") + ")"
         raise TypeError(

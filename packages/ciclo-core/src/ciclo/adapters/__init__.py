@@ -2,7 +2,10 @@
 
 An adapter is a subclass of :class:`AdapterState` implementing one hook, ``apply``, a
 ``create_state(...)`` factory, and an :class:`Adapter` record registered under the
-``ciclo.adapters`` entry-point group. See ``docs/adapters.md`` for the guide.
+``ciclo.adapters`` entry-point group. What calling a model takes in every framework (the
+training flag of its ``__call__``, per-stream RNG keys, checked ``create_state`` options) is
+here too: :func:`detect_training_arg`, :func:`training_kwargs`, :func:`stream_keys`,
+:func:`check_options`. See ``docs/adapters.md`` for the guide.
 
 Example:
     >>> import ciclo
@@ -10,6 +13,7 @@ Example:
     Batch(inputs=1, targets=2, sample_weight=None)
 """
 
+from ._adapter import BATCH_OPTIONS as BATCH_OPTIONS
 from ._adapter import STATIC as STATIC
 from ._adapter import Adapter as Adapter
 from ._adapter import AdapterState as AdapterState
@@ -19,6 +23,7 @@ from ._adapter import FunctionState as FunctionState
 from ._adapter import StatefulMetric as StatefulMetric
 from ._adapter import Static as Static
 from ._adapter import as_key as as_key
+from ._adapter import check_options as check_options
 from ._adapter import is_stateful_metric as is_stateful_metric
 from ._adapter import mean_metric as mean_metric
 from ._adapter import reduce_values as reduce_values
@@ -29,3 +34,10 @@ from ._discovery import adapter_for as adapter_for
 from ._discovery import get_adapter as get_adapter
 from ._discovery import installed_adapters as installed_adapters
 from ._discovery import register_adapter as register_adapter
+from ._training import AUTO as AUTO
+from ._training import INVERTED_FLAGS as INVERTED_FLAGS
+from ._training import TRAINING_FLAGS as TRAINING_FLAGS
+from ._training import detect_training_arg as detect_training_arg
+from ._training import find_argument as find_argument
+from ._training import stream_keys as stream_keys
+from ._training import training_kwargs as training_kwargs

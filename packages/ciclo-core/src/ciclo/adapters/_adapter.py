@@ -15,15 +15,16 @@ Everything else (batch unpacking, losses, metrics, sample weights, RNG, strategi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, NamedTuple, TypeVar
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from .._records._logs import Logs
-from ..managed._state import ManagedState, step, train_step
+from ..managed._state import ManagedState, step, train_step, unknown_name_error
 from ..managed._strategies import Strategy
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "Static",
     "StatefulMetric",
     "as_key",
+    "check_options",
     "is_stateful_metric",
     "mean_metric",
     "reduce_values",
@@ -405,6 +407,45 @@ def as_key(key: jax.Array | int | None) -> jax.Array:
 #: Field metadata marking a static (non-array, hashable) field of a state.
 STATIC = {"static": True}
 
+#: The options of every adapter's ``create_state`` that are passed on as ``**options``.
+BATCH_OPTIONS = ("inputs_key", "targets_key", "sample_weight_key")
+
+
+def check_options(
+    options: Mapping[str, Any], factory: Callable[..., Any], known: Iterable[str] = BATCH_OPTIONS
+) -> None:
+    """Rejects the ``**options`` of an adapter's ``create_state`` that it does not take,
+    naming the close match (a typo of ``strategy`` does not silently run under ``jit``).
+
+    Args:
+        options: the keyword arguments ``factory`` received in ``**options``.
+        factory: the ``create_state`` function; its named parameters are accepted names.
+        known: the names ``**options`` may hold (by default :data:`BATCH_OPTIONS`).
+
+    Example:
+        >>> import ciclo
+        >>> def create_state(model, *, strategy="jit", **options):
+        ...     ciclo.adapters.check_options(options, create_state)
+        >>> create_state(None, stratgey="eager")
+        Traceback (most recent call last):
+        ...
+        TypeError: create_state() got an unknown keyword 'stratgey'; did you mean 'strategy'? ...
+    """
+    allowed = set(known)
+    unknown = [name for name in options if name not in allowed]
+    if not unknown:
+        return
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        parameters = []  # type: ignore[assignment]
+    allowed |= {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}
+    # Named as users call it: ciclo_haiku.create_state().
+    package = (getattr(factory, "__module__", None) or "").split(".")[0]
+    name = getattr(factory, "__name__", "create_state")
+    where = f"{package}.{name}()" if package.startswith("ciclo_") else f"{name}()"
+    raise unknown_name_error(where, "keyword", unknown[0], sorted(allowed), extra_hint=False)
+
 
 # --- the state -----------------------------------------------------------------------------
 
@@ -435,6 +476,8 @@ class AdapterState(ManagedState):
 
     model_state: Any = None
     metric_states: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # Adapter states take declared fields only: an unknown keyword is always an error.
+    keyword_extras: ClassVar[bool] = False
     losses: Mapping[str, LossFn] = dataclasses.field(default=_NamedFunctions({}), metadata=STATIC)
     metrics: Mapping[str, Any] = dataclasses.field(default=_NamedFunctions({}), metadata=STATIC)
     batch_format: BatchFormat = dataclasses.field(default=BatchFormat(), metadata=STATIC)
@@ -493,7 +536,8 @@ class AdapterState(ManagedState):
             key: an RNG key or int seed for dropout and other randomness (``None``: seed 0).
             strategy: ``"jit"`` (default), ``"eager"``, ``"data-parallel"``... or a Strategy.
             inputs_key, targets_key, sample_weight_key: the keys of mapping batches.
-            **fields: the subclass's own fields (the model, its static parts...).
+            **fields: the subclass's own fields (the model, its static parts...); any other
+                name is an error naming the close match.
         """
         losses = _named_functions(losses, "losses", stateful=False)
         metrics = _named_functions(metrics, "metrics", stateful=True)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import inspect
 import zlib
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar, cast
 
 import jax
@@ -17,7 +18,7 @@ import optax  # type: ignore[import-untyped]
 from .._loop._hooks import as_logs
 from .._loop._state import LoopState
 from .._records._logs import Logs
-from ._strategies import Strategy, get_strategy
+from ._strategies import Strategy, get_strategy, identity
 
 __all__ = ["ManagedState", "ManagedStep", "train_step", "step"]
 
@@ -31,18 +32,32 @@ class ManagedState:
     """A training state that is a pytree: ``step``, ``params``, the optimizer ``tx`` and its
     ``opt_state``, a ``strategy``, an RNG ``key``, and extra fields of your own.
 
-    Subclass it (as a ``@dataclasses.dataclass(frozen=True, kw_only=True)``) to add typed
-    fields; mark fields that are not arrays with
-    ``dataclasses.field(metadata={"static": True})``. Extra keyword arguments of
-    :meth:`create` become attributes too (``state.batch_stats``).
+    Extra fields are declared, never made up by a typo:
+
+    - **Subclass** it (as a ``@dataclasses.dataclass(frozen=True, kw_only=True)``) to add
+      typed fields (the recommended way); mark fields that are not arrays with
+      ``dataclasses.field(metadata={"static": True})``.
+    - On a plain ``ManagedState``, declare them when you create it:
+      ``create(..., extra={"batch_stats": stats})``; they read as attributes
+      (``state.batch_stats``) and :meth:`replace` changes them. The shorthand
+      ``create(..., batch_stats=stats)`` declares one too, unless the name is a close match
+      of a field or an option of ``create`` (``stratgey=``): that is an error naming the
+      match (use ``extra=`` to mean it).
+    - :meth:`replace` only changes fields and declared extra fields: an unknown name
+      (``replace(parmas=...)``) is an error naming the close match.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax
         >>> state = ciclo.managed.ManagedState.create(
-        ...     params={"w": jnp.zeros(3)}, tx=optax.sgd(0.1), strategy="jit"
+        ...     params={"w": jnp.zeros(3)}, tx=optax.sgd(0.1), strategy="jit",
+        ...     extra={"seen": jnp.zeros((), jnp.int32)},
         ... )
-        >>> int(state.step), state.strategy.name
-        (0, 'jit')
+        >>> int(state.step), state.strategy.name, int(state.replace(seen=3).seen)
+        (0, 'jit', 3)
+        >>> state.replace(parmas={})
+        Traceback (most recent call last):
+        ...
+        TypeError: ManagedState.replace() got an unknown field 'parmas'; did you mean 'params'? ...
     """
 
     step: jax.Array
@@ -55,7 +70,8 @@ class ManagedState:
     )
     strategy: Strategy = dataclasses.field(default=cast(Strategy, None), metadata={"static": True})
 
-    _field_names: ClassVar[frozenset[str]]
+    #: Whether :meth:`create` takes unknown keywords as extra fields (adapter states: no).
+    keyword_extras: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         cls = type(self)
@@ -80,15 +96,29 @@ class ManagedState:
             strategy: a strategy name (``"eager"``, ``"jit"``, ``"data-parallel"``...) or a
                 :class:`~ciclo.managed.Strategy`.
             key: an RNG key (or an int seed) for steps that need randomness.
-            **fields: values of subclass fields, or extra attributes.
+            **fields: values of subclass fields; ``extra={name: value}`` declares extra
+                fields (and so does an unknown keyword that is no close match of a field
+                or option name).
+
+        Raises:
+            TypeError: for a keyword that is a close match of a field or option, e.g.
+                ``stratgey=``: "did you mean 'strategy'?".
         """
         if tx is not None and not isinstance(tx, optax.GradientTransformation):
             raise TypeError(f"tx must be an optax optimizer such as optax.adam(1e-3), got {tx!r}.")
         if isinstance(key, int):
             key = jax.random.key(key)
         own = {f.name for f in dataclasses.fields(cls)}
+        extra = dict(fields.pop("extra", None) or {})
         known = {k: v for k, v in fields.items() if k in own}
-        extra = {k: v for k, v in fields.items() if k not in own}
+        unknown = [k for k in fields if k not in own]
+        candidates = sorted(own | _create_options(cls))
+        for name in unknown:
+            if not cls.keyword_extras or close_match(name, candidates):
+                where = f"{cls.__name__}.create()"
+                hint = cls.keyword_extras
+                raise unknown_name_error(where, "keyword", name, candidates, extra_hint=hint)
+            extra[name] = fields[name]
         state = cls(
             step=jnp.zeros((), jnp.int32),
             params=params,
@@ -102,23 +132,42 @@ class ManagedState:
         return cast(S, state.strategy.place_state(state))
 
     def __getattr__(self, name: str) -> Any:
-        # Only reached when normal lookup fails: extra fields given to create().
+        # Only reached when normal lookup fails: extra fields declared at create().
         if name.startswith("__") or name == "extra":
             raise AttributeError(name)
         extra = self.__dict__.get("extra", {})
         if name in extra:
             return extra[name]
+        names = [f.name for f in dataclasses.fields(self)] + list(extra)
+        match = close_match(name, names)
         raise AttributeError(
-            f"{type(self).__name__} has no field {name!r}; extra fields: {sorted(extra)}"
+            f"{type(self).__name__} has no field {name!r}"
+            + (f"; did you mean {match!r}?" if match else "")
+            + f" Extra fields: {sorted(extra)}."
         )
 
     def replace(self: S, **changes: Any) -> S:
-        """A copy with some fields (or extra fields) changed."""
-        own = {f.name for f in dataclasses.fields(self)}
+        """A copy with some fields (or declared extra fields) changed.
+
+        Raises:
+            TypeError: for a name that is neither a field nor a declared extra field
+                (``replace(parmas=...)``: "did you mean 'params'?").
+        """
+        own = _FIELD_NAMES.get(type(self)) or _field_names(type(self))
         extra_changes = {k: v for k, v in changes.items() if k not in own}
         if extra_changes:
+            extra = self.extra
+            for name in extra_changes:
+                if name not in extra:
+                    raise unknown_name_error(
+                        f"{type(self).__name__}.replace()",
+                        "field",
+                        name,
+                        sorted(own | set(extra)),
+                        extra_hint=None,
+                    )
             changes = {k: v for k, v in changes.items() if k in own}
-            changes["extra"] = {**self.extra, **extra_changes}
+            changes["extra"] = {**extra, **extra_changes}
         return dataclasses.replace(self, **changes)
 
     def apply_gradients(self: S, grads: Any) -> S:
@@ -166,11 +215,135 @@ class ManagedState:
         return cast(S, new.strategy.place_state(new))
 
 
+def close_match(name: str, candidates: Iterable[str]) -> str | None:
+    """The candidate closest to ``name`` (a likely typo of it), or ``None``.
+
+    Example:
+        >>> close_match("parmas", ["params", "step", "tx"])
+        'params'
+    """
+    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return matches[0] if matches else None
+
+
+def unknown_name_error(
+    where: str, kind: str, name: str, candidates: Sequence[str], *, extra_hint: bool | None
+) -> TypeError:
+    """The error for an unknown keyword or field ``name`` given to ``where``, naming the
+    close match among ``candidates`` if there is one.
+
+    ``extra_hint``: ``True`` adds how to declare an extra field of that name on purpose
+    (``extra=``), ``None`` how to declare one at all, ``False`` lists the accepted names.
+
+    Example:
+        >>> print(unknown_name_error("f()", "keyword", "stratgey", ["strategy"], extra_hint=False))
+        f() got an unknown keyword 'stratgey'; did you mean 'strategy'? It takes: ['strategy'].
+    """
+    match = close_match(name, candidates)
+    message = f"{where} got an unknown {kind} {name!r}" + (
+        f"; did you mean {match!r}?" if match else "."
+    )
+    if extra_hint is True:
+        message += (
+            f" To add an extra field of that name on purpose, pass extra={{{name!r}: ...}} "
+            f"(or declare it in a subclass)."
+        )
+    elif extra_hint is None:
+        message += (
+            f" Fields are declared, not added by replace(): declare {name!r} as a field of a "
+            f"subclass, or at create(..., extra={{{name!r}: ...}})."
+        )
+    else:
+        message += f" It takes: {sorted(candidates)}."
+    return TypeError(message)
+
+
+_FIELD_NAMES: dict[type, frozenset[str]] = {}
+_CREATE_OPTIONS: dict[type, frozenset[str]] = {}
+
+
+def _field_names(cls: type) -> frozenset[str]:
+    names = _FIELD_NAMES[cls] = frozenset(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+def _create_options(cls: type) -> frozenset[str]:
+    """The named keywords of ``cls.create`` (every class up the MRO), for close matches."""
+    options = _CREATE_OPTIONS.get(cls)
+    if options is None:
+        names: set[str] = set()
+        for klass in cls.__mro__:
+            create = klass.__dict__.get("create")
+            if isinstance(create, classmethod):
+                parameters = inspect.signature(create.__func__).parameters.values()
+                names |= {p.name for p in parameters if p.kind is p.KEYWORD_ONLY}
+        options = _CREATE_OPTIONS[cls] = frozenset(names)
+    return options
+
+
+class _Meta:
+    """The static fields of a state, as its pytree node data: hashed once. A jitted step
+    hashes and compares the node data of its arguments at every call; a state carries its
+    ``_Meta`` through flatten/unflatten, so a step's state compares by identity."""
+
+    __slots__ = ("_hash", "fields", "values")
+
+    def __init__(self, names: tuple[str, ...], values: tuple[Any, ...]) -> None:
+        self.values = values
+        self._hash = hash(values)
+        #: The static part of an unflattened state's ``__dict__``.
+        self.fields = {**dict(zip(names, values, strict=True)), "__ciclo_meta__": self}
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, _Meta):
+            return NotImplemented
+        return self._hash == other._hash and self.values == other.values
+
+    def __repr__(self) -> str:
+        return repr(self.values)
+
+
 def _register(cls: type) -> None:
+    """Registers ``cls`` as a pytree: data fields are children, static fields the node data.
+
+    Unflattening (a compiled step's output state) fills the instance's ``__dict__``
+    directly, without ``__init__``: the fields were checked when the state was built, and
+    a frozen dataclass's ``__init__`` costs microseconds per step.
+    """
     fields = dataclasses.fields(cls)
-    meta = [f.name for f in fields if f.metadata.get("static", False)]
-    data = [f.name for f in fields if not f.metadata.get("static", False)]
-    jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
+    meta = tuple(f.name for f in fields if f.metadata.get("static", False))
+    data = tuple(f.name for f in fields if not f.metadata.get("static", False))
+    keys = tuple(jax.tree_util.GetAttrKey(name) for name in data)
+    new, set_attribute = object.__new__, object.__setattr__
+
+    def node_data(state: Any) -> _Meta:
+        values = state.__dict__
+        cached: _Meta | None = values.get("__ciclo_meta__")
+        if cached is None:
+            cached = values["__ciclo_meta__"] = _Meta(meta, tuple(values[n] for n in meta))
+        return cached
+
+    def flatten(state: Any) -> tuple[list[Any], _Meta]:
+        values = state.__dict__
+        return [values[n] for n in data], node_data(state)
+
+    def flatten_with_keys(state: Any) -> tuple[list[tuple[Any, Any]], _Meta]:
+        values = state.__dict__
+        return [(k, values[n]) for k, n in zip(keys, data, strict=True)], node_data(state)
+
+    def unflatten(aux: _Meta, children: Iterable[Any]) -> Any:
+        state: Any = new(cls)
+        values = aux.fields.copy()
+        values.update(zip(data, children, strict=True))
+        set_attribute(state, "__dict__", values)
+        return state
+
+    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
     _REGISTERED.add(cls)
 
 
@@ -230,6 +403,8 @@ class ManagedStep:
         self.statics = statics
         # Shared by the steps bind() makes: one compilation per strategy and statics.
         self._compiled = {} if compiled is None else compiled
+        # This step's own calls without arguments, by strategy (see __call__).
+        self._calls: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
 
     def bind(self, broadcasts: Any = None, statics: Hashable = None) -> ManagedStep:
         """The same step with ``broadcasts`` and ``statics`` fixed: what a loop runs.
@@ -357,11 +532,36 @@ class ManagedStep:
     def __call__(
         self, state: Any, batch: Any, broadcasts: Any = None, statics: Hashable = None
     ) -> tuple[Logs, Any]:
+        if broadcasts is None and statics is None:
+            # The per-step path: one lookup of the call prepared for this strategy.
+            try:
+                run = self._calls.get(state.strategy)
+            except (AttributeError, TypeError):
+                run = None
+            if run is not None:
+                return run(state, batch)
         strategy = self._strategy_of(state)
+        if broadcasts is None and statics is None:
+            run = self._calls[strategy] = self._prepared(strategy)
+            return run(state, batch)
         broadcasts, statics = self._args(broadcasts, statics)
         return self.compiled_for(strategy, statics=statics)(
             state, strategy.place_batch(batch), strategy.place_broadcasts(broadcasts)
         )
+
+    def _prepared(self, strategy: Strategy) -> Callable[[Any, Any], tuple[Logs, Any]]:
+        """``(state, batch) -> (logs, state)`` with the bound broadcasts and statics: the
+        compiled step, and only the placements that do something."""
+        compiled = self.compiled_for(strategy, statics=self.statics)
+        place_batch, place_broadcasts = strategy.place_batch, strategy.place_broadcasts
+        broadcasts = self.broadcasts
+        if broadcasts is not None:
+            return lambda state, batch: compiled(
+                state, place_batch(batch), place_broadcasts(broadcasts)
+            )
+        if place_batch is identity:
+            return lambda state, batch: compiled(state, batch, None)
+        return lambda state, batch: compiled(state, place_batch(batch), None)
 
     def many(
         self,
@@ -445,12 +645,20 @@ class _BoundStep:
     """``state.train_step``: callable with a batch; as a loop callback it uses the loop's
     current state, not the one it was read from."""
 
-    __slots__ = ("__name__", "__qualname__", "instance", "step")
+    __slots__ = ("instance", "step")
 
     def __init__(self, step: ManagedStep, instance: Any) -> None:
         self.step, self.instance = step, instance
-        self.__name__ = step.__name__
-        self.__qualname__ = f"{type(instance).__name__}.{step.__name__}"
+
+    @property
+    def __name__(self) -> str:  # type: ignore[override]
+        return self.step.__name__
+
+    def __getattr__(self, name: str) -> Any:
+        # Computed when asked (error messages), not at every `state.train_step`.
+        if name == "__qualname__":
+            return f"{type(self.instance).__name__}.{self.step.__name__}"
+        raise AttributeError(name)
 
     def __call__(
         self, batch: Any = None, broadcasts: Any = None, statics: Hashable = None

@@ -51,7 +51,13 @@ __all__ = [
 StepFn = Callable[..., Any]
 
 
-def _identity(value: Any) -> Any:
+def identity(value: Any) -> Any:
+    """The placement or reduction that does nothing (a strategy's default).
+
+    Example:
+        >>> identity(3)
+        3
+    """
     return value
 
 
@@ -83,11 +89,11 @@ class Strategy(NamedTuple):
     place_state: Callable[[Any], Any]
     place_batch: Callable[[Any], Any]
     compile: Callable[[StepFn], StepFn]
-    reduce_gradients: Callable[[Any], Any] = _identity
-    reduce_logs: Callable[[Any], Any] = _identity
+    reduce_gradients: Callable[[Any], Any] = identity
+    reduce_logs: Callable[[Any], Any] = identity
     steps_per_call: int = 1
     accumulate_steps: int = 1
-    place_broadcasts: Callable[[Any], Any] = _identity
+    place_broadcasts: Callable[[Any], Any] = identity
 
 
 def _spec(*axes: str) -> Any:
@@ -114,7 +120,7 @@ def eager() -> Strategy:
         >>> ciclo.managed.eager().name
         'eager'
     """
-    return Strategy("eager", _identity, _identity, _identity)
+    return Strategy("eager", identity, identity, identity)
 
 
 def jit(*, donate: bool = False, steps_per_call: int = 1, accumulate_steps: int = 1) -> Strategy:
@@ -140,8 +146,8 @@ def jit(*, donate: bool = False, steps_per_call: int = 1, accumulate_steps: int 
 
     return Strategy(
         "jit",
-        _identity,
-        _identity,
+        identity,
+        identity,
         compile_step,
         steps_per_call=steps_per_call,
         accumulate_steps=accumulate_steps,
