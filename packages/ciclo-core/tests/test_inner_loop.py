@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import ciclo
-from ciclo.callbacks._inner_loop import Aggregator
+from ciclo._records._aggregate import Aggregator
 
 # batches of 1, 3 and 2 samples whose step logs 'm' = 1, 2, 4 and 's' = 10, 20, 30
 BATCHES = [np.zeros(1), np.zeros(3), np.zeros(2)]

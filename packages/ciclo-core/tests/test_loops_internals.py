@@ -11,7 +11,7 @@ import pytest
 import ciclo
 from ciclo._loops._clock import EpochClock
 from ciclo._loops._named import NAMED_SCHEDULES, moments, owner
-from ciclo.callbacks._inner_loop import Aggregator
+from ciclo._records._aggregate import Aggregator
 
 
 def test_every_moment_is_public_and_each_loop_runs_its_own_in_order():

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._loops._test import test_loop
+from .._records._aggregate import rename_logs
 from .._records._history import History
 from .._records._logs import Logs
-from ..callbacks._inner_loop import rename_logs
 from . import _format, _restore
 
 __all__ = ["evaluate_checkpoints"]

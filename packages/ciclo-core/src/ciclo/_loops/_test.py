@@ -9,11 +9,11 @@ from typing import Any
 from .._loop._engine import loop
 from .._loop._in_flight import InFlight
 from .._loop._state import LoopState
+from .._records._aggregate import AggregationSpec, Aggregator
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period
 from .._time._schedules import always
-from ..callbacks._inner_loop import AggregationSpec, Aggregator
 from ._named import moments
 from ._registry import Hook, Registry, check_no_hooks, loop_tasks
 

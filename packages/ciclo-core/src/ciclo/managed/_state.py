@@ -17,6 +17,7 @@ import optax  # type: ignore[import-untyped]
 
 from .._loop._hooks import as_logs
 from .._loop._state import LoopState
+from .._records._aggregate import merge_micro_logs
 from .._records._logs import Logs
 from ._strategies import Strategy, get_strategy, identity
 
@@ -494,7 +495,7 @@ class ManagedStep:
         zeros = jax.tree.map(jnp.zeros_like, state.params)
         (total, new_state), logs = jax.lax.scan(accumulate, (zeros, state), micro_batches)
         grads = jax.tree.map(lambda g: g / micro_steps, total)
-        return grads, _merge_micro_logs(logs, rows), new_state
+        return grads, merge_micro_logs(logs, rows), new_state
 
     def _body(self, strategy: Strategy, statics: Hashable) -> StepFunction:
         """One step as ``strategy`` runs it, before compilation: ``(state, batch,
@@ -735,22 +736,6 @@ def _split_batch(step: ManagedStep, batch: Any, parts: int) -> tuple[Any, int]:
 
     micro = jax.tree_util.tree_map_with_path(split, batch)
     return micro, (rows.pop() if len(rows) == 1 else -1)
-
-
-def _merge_micro_logs(stacked: Logs, rows: int) -> Logs:
-    """The logs of a whole batch from its micro-batches' logs: losses and metrics are
-    averaged (equal to their value on the whole batch for per-example means), outputs with
-    one row per example are put back in batch order, anything else is the last one's."""
-    merged = Logs()
-    for collection, name, value in stacked.entries():
-        if collection in ("losses", "metrics"):
-            value = value.mean(axis=0)
-        elif collection == "outputs" and value.ndim >= 2 and value.shape[1] == rows:
-            value = jnp.moveaxis(value, 0, 1).reshape(-1, *value.shape[2:])
-        else:
-            value = value[-1]
-        merged.add_entry(collection, name, value)
-    return merged
 
 
 def _check_logs(step: ManagedStep, logs: Any) -> Logs:

@@ -37,6 +37,8 @@ from typing import Any, NamedTuple, cast
 import jax
 import numpy as np
 
+from .._records._aggregate import reduce_across_devices
+
 __all__ = [
     "Strategy",
     "eager",
@@ -231,16 +233,40 @@ def batch_placer(
     def sharding_of(leaf: Any) -> NamedSharding:
         return sharded if np.ndim(leaf) else replicated
 
+    # Per batch structure (tree and shapes): checked once, its shardings chosen once, so a
+    # batch costs what jax.device_put(batch, sharding) costs (that very call when no leaf
+    # is a scalar).
+    known: dict[Any, NamedSharding | list[NamedSharding]] = {}
+
     def place_batch(batch: Any) -> Any:
         processes = jax.process_count()
-        _check_divisible(strategy, batch, shards, processes)
+        leaves, treedef = jax.tree_util.tree_flatten(batch)
+        try:
+            structure = (treedef, processes, *[np.shape(leaf) for leaf in leaves])
+            shardings = known.get(structure)
+        except TypeError:  # an unhashable tree: nothing cached
+            structure, shardings = None, None
+        if shardings is None:
+            _check_divisible(strategy, batch, shards, processes)
+            per_leaf = [sharding_of(leaf) for leaf in leaves]
+            shardings = sharded if all(s is sharded for s in per_leaf) else per_leaf
+            if structure is not None:
+                if len(known) >= 64:
+                    known.clear()
+                known[structure] = shardings
         if processes == 1:
-            return jax.device_put(batch, jax.tree.map(sharding_of, batch))
-        return jax.tree.map(
-            lambda x: jax.make_array_from_process_local_data(  # type: ignore[no-untyped-call]
-                sharding_of(x), np.asarray(x)
-            ),
-            batch,
+            if shardings is sharded:
+                return jax.device_put(batch, sharded)
+            return jax.tree_util.tree_unflatten(treedef, jax.device_put(leaves, shardings))
+        per_leaf = shardings if isinstance(shardings, list) else [sharded] * len(leaves)
+        return jax.tree_util.tree_unflatten(
+            treedef,
+            [
+                jax.make_array_from_process_local_data(  # type: ignore[no-untyped-call]
+                    sharding, np.asarray(leaf)
+                )
+                for sharding, leaf in zip(per_leaf, leaves, strict=True)
+            ],
         )
 
     return place_batch
@@ -395,20 +421,7 @@ def pmap(
         return jax.lax.pmean(grads, axis_name)  # type: ignore[no-untyped-call]
 
     def reduce_logs(logs: Any) -> Any:
-        def reduce(collection: str, value: Any) -> Any:
-            value = jax.numpy.asarray(value)
-            if collection == "outputs" and value.ndim:
-                return jax.lax.all_gather(value, axis_name, tiled=True)
-            if jax.numpy.issubdtype(value.dtype, jax.numpy.inexact):
-                return jax.lax.pmean(value, axis_name)  # type: ignore[no-untyped-call]
-            return value
-
-        return type(logs)(
-            {
-                collection: {name: reduce(collection, v) for name, v in entries.items()}
-                for collection, entries in logs.items()
-            }
-        )
+        return reduce_across_devices(logs, axis_name)
 
     return Strategy(
         "pmap",
