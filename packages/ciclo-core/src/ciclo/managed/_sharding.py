@@ -31,13 +31,13 @@ import numpy as np
 from ._strategies import (
     StepFn,
     Strategy,
-    _counts,
-    _spec,
     batch_placer,
     broadcast_placer,
     data_mesh,
+    partition_spec,
     put_global,
     register_strategy,
+    step_counts,
 )
 
 __all__ = [
@@ -347,7 +347,7 @@ def _leaf_spec(
     shape = tuple(np.shape(leaf))
     dtype = getattr(leaf, "dtype", None)
     if not shape or (dtype is not None and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)):
-        return cast(PartitionSpec, _spec())
+        return cast(PartitionSpec, partition_spec())
     found = match(name, leaf)
     if found is None and annotated is not None:
         found = (annotated, "its partitioning metadata")
@@ -372,7 +372,7 @@ def _leaf_spec(
         entries = _add_fsdp(entries, shape, fsdp_axis, fsdp_size)
     while entries and entries[-1] is None:
         entries.pop()
-    return cast(PartitionSpec, _spec(*entries))
+    return cast(PartitionSpec, partition_spec(*entries))
 
 
 def sharded(
@@ -470,10 +470,10 @@ def _sharded(
 ) -> Strategy:
     from jax.sharding import NamedSharding
 
-    steps_per_call, accumulate_steps = _counts(name, steps_per_call, accumulate_steps)
+    steps_per_call, accumulate_steps = step_counts(name, steps_per_call, accumulate_steps)
     mesh = data_mesh(name, mesh, axis)
     match = _matcher(rules, name)  # checks the rules now, not at the first step
-    replicated = NamedSharding(mesh, _spec())
+    replicated = NamedSharding(mesh, partition_spec())
     fsdp_axis = axis if fsdp else None
 
     def shardings_of(state: Any) -> Any:

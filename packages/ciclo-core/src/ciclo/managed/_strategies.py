@@ -98,12 +98,23 @@ class Strategy(NamedTuple):
     place_broadcasts: Callable[[Any], Any] = identity
 
 
-def _spec(*axes: str) -> Any:
+def partition_spec(*axes: str) -> Any:
+    """``jax.sharding.PartitionSpec(*axes)`` (typed for the strategies' modules).
+
+    Example:
+        >>> partition_spec("data") == jax.sharding.PartitionSpec("data")
+        True
+    """
     return jax.sharding.PartitionSpec(*axes)  # type: ignore[no-untyped-call]
 
 
-def _counts(strategy: str, steps_per_call: object, accumulate_steps: object) -> tuple[int, int]:
-    """The validated ``(steps_per_call, accumulate_steps)`` of a factory."""
+def step_counts(strategy: str, steps_per_call: object, accumulate_steps: object) -> tuple[int, int]:
+    """The validated ``(steps_per_call, accumulate_steps)`` of the factory ``strategy``.
+
+    Example:
+        >>> step_counts("jit", 4, 1)
+        (4, 1)
+    """
     counts = {"steps_per_call": steps_per_call, "accumulate_steps": accumulate_steps}
     for option, value in counts.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -141,7 +152,7 @@ def jit(*, donate: bool = False, steps_per_call: int = 1, accumulate_steps: int 
         >>> ciclo.managed.jit(donate=True).name
         'jit'
     """
-    steps_per_call, accumulate_steps = _counts("jit", steps_per_call, accumulate_steps)
+    steps_per_call, accumulate_steps = step_counts("jit", steps_per_call, accumulate_steps)
 
     def compile_step(fn: StepFn) -> StepFn:
         return jax.jit(fn, donate_argnums=(0,) if donate else ())
@@ -225,8 +236,8 @@ def batch_placer(
     """
     from jax.sharding import NamedSharding
 
-    replicated = NamedSharding(mesh, _spec())
-    sharded = NamedSharding(mesh, _spec(axis))  # type: ignore[arg-type]
+    replicated = NamedSharding(mesh, partition_spec())
+    sharded = NamedSharding(mesh, partition_spec(axis))  # type: ignore[arg-type]
     names = (axis,) if isinstance(axis, str) else axis
     shards = int(np.prod([mesh.shape[name] for name in names]))
 
@@ -307,9 +318,11 @@ def data_parallel(
     """
     from jax.sharding import NamedSharding
 
-    steps_per_call, accumulate_steps = _counts("data_parallel", steps_per_call, accumulate_steps)
+    steps_per_call, accumulate_steps = step_counts(
+        "data_parallel", steps_per_call, accumulate_steps
+    )
     mesh = data_mesh("data_parallel", mesh, axis)
-    replicated = NamedSharding(mesh, _spec())
+    replicated = NamedSharding(mesh, partition_spec())
 
     def place_state(state: Any) -> Any:
         return put_global(state, replicated)
@@ -393,10 +406,10 @@ def pmap(
     """
     from jax.sharding import Mesh, NamedSharding
 
-    steps_per_call, accumulate_steps = _counts("pmap", steps_per_call, accumulate_steps)
+    steps_per_call, accumulate_steps = step_counts("pmap", steps_per_call, accumulate_steps)
     device_list = list(devices) if devices is not None else jax.local_devices()
     count = len(device_list)
-    replicated = NamedSharding(Mesh(np.array(device_list), (axis_name,)), _spec())
+    replicated = NamedSharding(Mesh(np.array(device_list), (axis_name,)), partition_spec())
 
     def place_state(state: Any) -> Any:
         return jax.device_put(state, replicated)
