@@ -20,10 +20,12 @@ ALLOWED = {
     "_loop": {"_time", "_records", "_checkpoint"},
     "callbacks": {"_time", "_records", "_loop", "_checkpoint"},
     "_checkpoint": {"_time", "_records", "_loop", "_loops"},
-    "managed": {"_time", "_records", "_loop"},
+    "managed": {"_records", "_loop"},
     "_loops": {"_time", "_records", "_loop", "callbacks"},
     "adapters": {"_time", "_records", "_loop", "_loops", "_checkpoint", "callbacks", "managed"},
 }
+#: What the folders below the loops may take from ``_loop``: its contract, not its engine.
+LOOP_CONTRACT = {"ciclo._loop._hooks", "ciclo._loop._state"}
 FRAMEWORKS = {"flax", "haiku", "equinox", "ciclo_flax", "ciclo_haiku", "ciclo_equinox"}
 
 
@@ -83,6 +85,18 @@ def test_folders_import_only_what_the_map_allows(name):
             assert target in ALLOWED[source], (
                 f"{name} (line {line}) imports {module}: folder {source} may import only "
                 f"{sorted(ALLOWED[source])} (docs/architecture.md)"
+            )
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_callbacks_checkpoints_and_managed_see_only_the_loop_contract(name):
+    if _folder(name) not in {"callbacks", "_checkpoint", "managed"}:
+        return
+    for module, _, line in _imports(name, MODULES[name]):
+        if module.startswith("ciclo._loop."):
+            assert module in LOOP_CONTRACT, (
+                f"{name} (line {line}) imports {module}: outside the loops, only the contract "
+                f"({sorted(LOOP_CONTRACT)}) is imported from ciclo._loop"
             )
 
 

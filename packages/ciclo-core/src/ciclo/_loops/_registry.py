@@ -139,7 +139,7 @@ class Registry:
             if (
                 schedule_name in self.named
                 and not self.named[schedule_name]
-                and callable(getattr(state, method, None))
+                and named_hooks(state, [method])
             ):
                 self.named[schedule_name].append(_state_hook(state, method))
         if self.named[step_name] and not any(s is _STEP_SLOT for s, _ in self.step_phase):
