@@ -20,7 +20,11 @@ __all__ = ["to_host", "is_device_array"]
 
 T = TypeVar("T")
 
-_CHUNK = 64  # arrays stacked per transfer; fixed so each (shape, dtype) compiles once
+# Arrays stacked per transfer: a large chunk for a history's backlog (a stacking call's cost
+# grows with its arguments, so a large one costs less per value: ~1.9 µs against ~3.6 µs
+# per scalar with 64 on 2 CPU cores), a small one for the rest; padded to these sizes so
+# each (shape, dtype) compiles at most twice.
+_CHUNKS = (1024, 64)
 _MIN_GROUP = 8  # below this, fetching one by one is cheaper than a stacking call
 
 _stack = jax.jit(lambda *arrays: jnp.stack(arrays))
@@ -43,10 +47,14 @@ def _group_key(array: jax.Array) -> Any:
 
 def _fetch_group(arrays: list[jax.Array]) -> list[np.ndarray]:
     chunks = []
-    for start in range(0, len(arrays), _CHUNK):
-        part = arrays[start : start + _CHUNK]
-        padded = part + [part[0]] * (_CHUNK - len(part))
+    large, small = _CHUNKS
+    start = 0
+    while start < len(arrays):
+        size = large if len(arrays) - start >= large else small
+        part = arrays[start : start + size]
+        padded = part + [part[0]] * (size - len(part))
         chunks.append((len(part), _stack(*padded)))
+        start += size
     out: list[np.ndarray] = []
     for count, fetched in jax.device_get(chunks):
         out.extend(fetched[:count])
