@@ -15,14 +15,24 @@ SOURCE = Path(ciclo.__file__).parent
 
 #: What each folder may import from the rest of ciclo (docs/architecture.md, "The map").
 ALLOWED = {
-    "_time": set(),
-    "_records": {"_time"},
-    "_loop": {"_time", "_records", "_checkpoint"},
-    "callbacks": {"_time", "_records", "_loop", "_checkpoint"},
-    "_checkpoint": {"_time", "_records", "_loop", "_loops"},
-    "managed": {"_records", "_loop"},
-    "_loops": {"_time", "_records", "_loop", "callbacks"},
-    "adapters": {"_time", "_records", "_loop", "_loops", "_checkpoint", "callbacks", "managed"},
+    "_processes": set(),
+    "_time": {"_processes"},
+    "_records": {"_processes", "_time"},
+    "_loop": {"_processes", "_time", "_records", "_checkpoint"},
+    "callbacks": {"_processes", "_time", "_records", "_loop", "_checkpoint"},
+    "_checkpoint": {"_processes", "_time", "_records", "_loop", "_loops"},
+    "managed": {"_processes", "_records", "_loop"},
+    "_loops": {"_processes", "_time", "_records", "_loop", "callbacks"},
+    "adapters": {
+        "_processes",
+        "_time",
+        "_records",
+        "_loop",
+        "_loops",
+        "_checkpoint",
+        "callbacks",
+        "managed",
+    },
 }
 #: What the folders below the loops may take from ``_loop``: its contract, not its engine.
 LOOP_CONTRACT = {"ciclo._loop._hooks", "ciclo._loop._state"}
