@@ -16,7 +16,7 @@ import nox
 
 nox.needs_version = ">=2024.4.15"
 nox.options.default_venv_backend = "uv|virtualenv"
-nox.options.sessions = ["lint", "typecheck", "tests", "bench_tiny"]
+nox.options.sessions = ["lint", "typecheck", "tests", "extras", "bench_tiny"]
 nox.options.error_on_external_run = True
 
 ROOT = Path(__file__).parent
@@ -85,7 +85,7 @@ def tests(session: nox.Session, package: str) -> None:
     elif package == "integration":
         _install_tests(session, *ADAPTERS)
         session.install("tensorboardX", "matplotlib", "scikit-learn")
-        paths = ["tests"]
+        paths = ["tests", "--ignore=tests/extras"]  # those need the extras: `nox -s extras`
     else:
         _install_tests(session, package)
         paths = [f"packages/ciclo-{package}/tests"]
@@ -93,6 +93,22 @@ def tests(session: nox.Session, package: str) -> None:
     session.run(
         "pytest", "-q", "-p", "no:cacheprovider", "-n", workers, *paths, *session.posargs, env=ENV
     )
+
+
+@nox.session(python=PYTHONS[0])
+def extras(session: nox.Session) -> None:
+    """The optional integrations (trackers, metric libraries, data pipelines) with the real
+    packages: the tests in tests/extras/, every adapter installed."""
+    _install_tests(session, *ADAPTERS)
+    session.install(
+        f"{ROOT / 'packages' / 'ciclo-core'}[tensorboard,plot]",
+        *nox.project.dependency_groups(PYPROJECT, "extras"),
+    )
+    workers = str(min(4, os.cpu_count() or 1))
+    session.run(
+        "pytest", "-q", "-p", "no:cacheprovider", "-n", workers, "tests/extras",
+        *session.posargs, env=ENV,
+    )  # fmt: skip
 
 
 @nox.session(python=PYTHONS[0])

@@ -1,0 +1,1 @@
+"""The optional integrations, tested with the real packages (``nox -s extras``)."""
