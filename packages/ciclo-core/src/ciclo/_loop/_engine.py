@@ -16,10 +16,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._checkpoint import _resume
+from .._processes._agreement import Agreement, end_agreement, preemption_service_on, start_agreement
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period, elapse
 from .._time._schedules import NamedSchedule, Schedule, as_schedule
+from ._agreed import AgreedLoopState, agreed_elapse
 from ._callback import Callback, as_callback, callback_name
 from ._fusion import run_fused_steps
 from ._hooks import EndHook, end_hook_owners, steps_per_call
@@ -132,6 +134,8 @@ def loop(
     max_steps_in_flight: int = 2,
     stop_signals: Sequence[signal.Signals] = (signal.SIGINT, signal.SIGTERM),
     resume: str | os.PathLike[str] | None = None,
+    agree_every: int = 1,
+    fault_timeout: float = 60.0,
 ) -> tuple[Any, History, Elapsed]:
     """Runs ``tasks`` over ``dataset``, threading ``state`` through the callbacks.
 
@@ -168,6 +172,15 @@ def loop(
             :func:`ciclo.checkpoint` for how). A missing or empty directory starts afresh, so
             that one command starts a run and continues it after a preemption. On resume,
             ``on_start`` runs but its logs are not recorded again.
+        agree_every: with several processes (``jax.distributed``), the steps between two
+            agreements of the processes on the loop's decisions (one small exchange through
+            JAX's coordination service). 1, the default, takes every decision at exactly
+            the step one process would; with N, time-based schedules and stops requested by
+            callbacks or signals take effect up to N - 1 steps late, the same step on every
+            process. Ignored with one process (nothing is exchanged).
+        fault_timeout: with several processes, the seconds a process waits for another
+            before the job ends with an error naming it (an exception on one process ends
+            the others at once).
 
     Callback objects (in ``tasks``, ``on_start`` or ``on_end``, or whose bound methods are)
     may define ``__loop_end__(loop_state, error)``: it is called once when the loop ends,
@@ -212,7 +225,8 @@ def loop(
     every_callback = itertools.chain(start_callbacks, *(c for _, c in task_list), end_callbacks)
     end_hooks = end_hook_owners(callback.fn for callback in every_callback)
     history = History() if history is None else history
-    loop_state = LoopState(
+    agreement = start_agreement(every=agree_every, timeout=fault_timeout)
+    loop_state = (LoopState if agreement is None else AgreedLoopState)(
         state,
         history,
         elapsed or Elapsed.create(),
@@ -220,9 +234,54 @@ def loop(
         batch_size_fn,
         tasks=task_list,
         dataset=dataset,
+        **({} if agreement is None else {"process_count": agreement.count}),
     )
-    source = dataset if resume is None else _resume.resume(resume, loop_state)
-    steps = elapse(source, stop=stop, initial=loop_state.elapsed, batch_size_fn=batch_size_fn)
+    try:
+        received = _run(
+            loop_state, resume, stop, batch_size_fn, max_steps_in_flight, stop_signals, agreement,
+            start_callbacks, task_list, end_callbacks, end_hooks,
+        )  # fmt: skip
+    except BaseException as error:
+        if agreement is not None:
+            agreement.fail(error)
+        raise
+    finally:
+        if agreement is not None:
+            end_agreement(agreement)
+    exit_if_terminated(received, loop_state)
+    return loop_state.state, history, loop_state.elapsed
+
+
+def _run(
+    loop_state: LoopState,
+    resume: str | os.PathLike[str] | None,
+    stop: int | Period | None,
+    batch_size_fn: Callable[[Any], int] | None,
+    max_steps_in_flight: int,
+    stop_signals: Sequence[signal.Signals],
+    agreement: Agreement | None,
+    start_callbacks: list[Callback],
+    task_list: list[tuple[Schedule, list[Callback]]],
+    end_callbacks: list[Callback],
+    end_hooks: list[EndHook],
+) -> list[signal.Signals]:
+    """Runs the loop; returns the signals that stopped it (see ``stop_gracefully_on``)."""
+    source = loop_state.dataset if resume is None else _resume.resume(resume, loop_state)
+    steps: elapse
+    if agreement is None:
+        steps = elapse(source, stop=stop, initial=loop_state.elapsed, batch_size_fn=batch_size_fn)
+    else:
+        assert isinstance(loop_state, AgreedLoopState)
+        steps = agreed_elapse(
+            source,
+            stop=stop,
+            initial=loop_state.elapsed,
+            batch_size_fn=batch_size_fn,
+            agreement=agreement,
+            loop_state=loop_state,
+        )
+        if preemption_service_on():  # JAX's preemption notifier owns SIGTERM
+            stop_signals = [s for s in stop_signals if s != signal.SIGTERM]
     loop_state.elapsed = steps.elapsed
     in_flight = InFlight(max_steps_in_flight)
 
@@ -232,17 +291,20 @@ def loop(
     commit(loop_state)
     loop_state.end_step()
     with stop_gracefully_on(loop_state, stop_signals) as received:
+        if isinstance(steps, agreed_elapse):
+            steps.received = received
         try:
             _run_steps(loop_state, steps, task_list, in_flight)
             loop_state.elapsed = steps.finish()
             loop_state.batch = None
             loop_state.logs = Logs()
         except BaseException as error:
+            if agreement is not None:  # at once, so the others end too
+                agreement.fail(error)
             _run_end_hooks(end_hooks, loop_state, error)
             raise
         _run_end_hooks(end_hooks, loop_state, None)
     run_callbacks(end_callbacks, loop_state)
     commit(loop_state)
     loop_state.end_step()
-    exit_if_terminated(received, loop_state)
-    return loop_state.state, history, loop_state.elapsed
+    return received

@@ -16,6 +16,7 @@ from typing import IO, Any, NamedTuple
 
 from .._loop._hooks import LoopCallbackBase
 from .._loop._state import LoopState
+from .._processes._outputs import OUTPUT_PROCESS, check_output_process, writes_here
 from .._records import _host
 from .._time._elapsed import Elapsed, Period
 from .._time._units import period_unit
@@ -64,9 +65,15 @@ class _Bar(LoopCallbackBase):
     __loop_observer__ = True  # reads the loop only: runs once per fused group
 
     def __init__(
-        self, total: int | Period, interval: float, file: IO[str] | None, what: str
+        self,
+        total: int | Period,
+        interval: float,
+        file: IO[str] | None,
+        what: str,
+        process: int | None = OUTPUT_PROCESS,
     ) -> None:
         self.unit, self.total = period_unit(total, f"{what}(total)")
+        self.process = check_output_process(process, what)
         if interval < 0:
             raise ValueError(f"{what}: interval must be >= 0 seconds, got {interval!r}.")
         self.interval = interval
@@ -74,7 +81,8 @@ class _Bar(LoopCallbackBase):
         self._origin: tuple[float, float, Elapsed] | None = None  # (clock, count, elapsed)
         self._last_draw = -math.inf
         self._next_check = -math.inf  # monotonic time before which no redraw is due
-        self.finished = False
+        # Off on the processes that do not write: they finish at once, and never fetch.
+        self.finished = not writes_here(self.process)
 
     @property
     def file(self) -> IO[str]:
@@ -185,8 +193,9 @@ class KerasBar(_Bar):
         width: int = 30,
         dynamic: bool | None = None,
         file: IO[str] | None = None,
+        process: int | None = OUTPUT_PROCESS,
     ) -> None:
-        super().__init__(total, interval, file, "keras_bar")
+        super().__init__(total, interval, file, "keras_bar", process)
         self.plain_interval = plain_interval
         self.width = width
         self._dynamic = dynamic
@@ -249,6 +258,7 @@ def keras_bar(
     width: int = 30,
     dynamic: bool | None = None,
     file: IO[str] | None = None,
+    process: int | None = OUTPUT_PROCESS,
 ) -> KerasBar:
     """A Keras-style progress line for a run of ``total`` steps, samples or seconds::
 
@@ -268,6 +278,8 @@ def keras_bar(
         dynamic: redraw in place (``\\r``); by default when the output is a terminal or a
             notebook.
         file: where to write (``sys.stdout`` by default).
+        process: with several processes, the one that draws the bar (0 by default), or
+            ``None`` for every process.
 
     Returns:
         a callback object: put it in ``callbacks=[...]`` of :func:`ciclo.train_loop`, or
@@ -293,6 +305,7 @@ def keras_bar(
         width=width,
         dynamic=dynamic,
         file=file,
+        process=process,
     )
 
 
@@ -305,9 +318,10 @@ class TqdmBar(_Bar):
         *,
         interval: float = 0.1,
         file: IO[str] | None = None,
+        process: int | None = OUTPUT_PROCESS,
         **tqdm_kwargs: Any,
     ) -> None:
-        super().__init__(total, interval, file, "tqdm_bar")
+        super().__init__(total, interval, file, "tqdm_bar", process)
         self.tqdm_kwargs = tqdm_kwargs
         self.bar: Any = None
 
@@ -340,6 +354,7 @@ def tqdm_bar(
     *,
     interval: float = 0.1,
     file: IO[str] | None = None,
+    process: int | None = OUTPUT_PROCESS,
     **tqdm_kwargs: Any,
 ) -> TqdmBar:
     """A `tqdm <https://tqdm.github.io>`_ bar for a run of ``total`` steps, samples or
@@ -349,6 +364,8 @@ def tqdm_bar(
         total: an int (steps) or ``ciclo.at(samples=...)`` / ``ciclo.at(time=seconds)``.
         interval: seconds between redraws (and between fetches of the values shown).
         file: where to write (tqdm's default, stderr, when ``None``).
+        process: with several processes, the one that draws the bar (0 by default), or
+            ``None`` for every process.
         **tqdm_kwargs: passed to ``tqdm`` (``desc``, ``ncols``, ``leave``...).
 
     Returns:
@@ -360,4 +377,4 @@ def tqdm_bar(
         >>> bar.unit, bar.total
         ('samples', 60000)
     """
-    return TqdmBar(total, interval=interval, file=file, **tqdm_kwargs)
+    return TqdmBar(total, interval=interval, file=file, process=process, **tqdm_kwargs)

@@ -1,0 +1,299 @@
+"""How the processes of a job agree on the loop's decisions.
+
+With several processes (``jax.distributed``), every process runs the same loop, and every
+control decision (a schedule firing, an evaluation, a checkpoint, a stop for any reason)
+must be taken at the same step everywhere: a process that acts alone pairs mismatched
+collectives, and the job hangs. The outermost loop of each process therefore exchanges a
+small record at agreed steps (every step by default) through JAX's coordination service
+(the distributed client's key-value store), and every process derives the same decisions
+from the same records. A preemption notice (SIGTERM) goes through JAX's own preemption sync
+point (:func:`jax.experimental.multihost_utils.reached_preemption_sync_point`).
+
+A fault never hangs the job: an exception on one process is published, and the others end
+with an error naming it, at their next exchange or, when a collective blocks them, through a
+watchdog thread; a process that dies without a word (a crash, SIGKILL) is detected when its
+heartbeat stops. Both within ``fault_timeout`` seconds.
+
+With one process nothing here runs: :func:`start_agreement` returns ``None``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import jax
+from jax.experimental import multihost_utils
+
+__all__ = [
+    "Agreement",
+    "ProcessFailedError",
+    "coordination_client",
+    "end_agreement",
+    "gather_to_all",
+    "preemption_reached",
+    "preemption_service_on",
+    "start_agreement",
+]
+
+#: Seconds between two heartbeats of a watchdog (and two looks for a published fault).
+HEARTBEAT_SECONDS = 1.0
+#: Seconds a process blocked in a collective is given to notice a fault by itself, before
+#: its watchdog ends it.
+GRACE_SECONDS = 3.0
+
+_loops_started = 0  # outermost multi-process loops started by this process (names their keys)
+_active: Agreement | None = None  # the agreement of the running outermost loop
+
+
+class ProcessFailedError(RuntimeError):
+    """Another process of the job failed (or stopped answering), so this one ends too.
+
+    Example:
+        >>> str(ProcessFailedError("process 1 failed: ValueError('x')"))
+        "process 1 failed: ValueError('x')"
+    """
+
+
+def coordination_client() -> Any:
+    """The client of JAX's coordination service (the key-value store and barriers that
+    ``jax.distributed.initialize`` sets up), or ``None`` without ``jax.distributed``.
+
+    >>> coordination_client() is None  # a single process, no jax.distributed
+    True
+    """
+    from jax._src import distributed  # the one accessor JAX has (orbax uses it too)
+
+    return distributed.global_state.client
+
+
+def preemption_service_on() -> bool:
+    """Whether JAX's preemption service runs (it then owns SIGTERM: a notice reaching any
+    process is propagated to all, and :func:`preemption_reached` answers at one step).
+
+    >>> preemption_service_on()
+    False
+    """
+    from jax._src import distributed
+
+    return distributed.global_state.preemption_sync_manager is not None
+
+
+def preemption_reached(step: int) -> bool:
+    """Whether every process has reached the step at which a preemption notice (SIGTERM on
+    any process) stops the job; ``False`` without the preemption service.
+
+    >>> preemption_reached(0)
+    False
+    """
+    try:
+        return multihost_utils.reached_preemption_sync_point(step)
+    except RuntimeError:  # the preemption service is disabled
+        return False
+
+
+def gather_to_all(name: str, value: Any, *, timeout: float = 60.0) -> list[Any]:
+    """``value`` (JSON-serialisable) of every process, in process order; every process must
+    call it with the same ``name``, once. With one process: ``[value]``.
+
+    >>> gather_to_all("doc", {"a": 1})
+    [{'a': 1}]
+    """
+    client = coordination_client()
+    count = jax.process_count()
+    if client is None or count == 1:
+        return [value]
+    me = jax.process_index()
+    prefix = f"ciclo/gather/{name}/"
+    client.key_value_set(prefix + str(me), json.dumps(value))
+    out = []
+    for process in range(count):
+        if process == me:
+            out.append(value)
+            continue
+        try:
+            raw = client.blocking_key_value_get(prefix + str(process), int(timeout * 1000))
+        except Exception as error:
+            raise ProcessFailedError(
+                f"process {process} did not send its part of {name!r} within {timeout:g} s"
+            ) from error
+        out.append(json.loads(raw))
+    return out
+
+
+class Agreement:
+    """The exchanges of one outermost loop across the processes of a job.
+
+    Every process calls :meth:`exchange` at the same steps with a small JSON record and gets
+    the records of all processes, in process order. :meth:`fail` publishes this process's
+    error; :meth:`close` ends the watchdog.
+
+    Args:
+        name: the loop's name, the same on every process (the n-th outermost loop).
+        every: the number of steps between two exchanges.
+        timeout: seconds to wait for another process before calling it failed.
+    """
+
+    def __init__(self, name: str, *, every: int, timeout: float) -> None:
+        self.client = coordination_client()
+        self.process = jax.process_index()
+        self.count = jax.process_count()
+        self.every = every
+        self.timeout = timeout
+        self._prefix = f"ciclo/{name}/"
+        self._previous_key: str | None = None
+        self._next_key: str | None = None
+        self._noticed = threading.Event()  # the main thread saw another process's fault
+        self._closed = threading.Event()
+        self._watchdog = threading.Thread(target=self._watch, name="ciclo-watchdog", daemon=True)
+        self._watchdog.start()
+
+    # --- the exchange ---------------------------------------------------------------------
+    def exchange(self, step: int, record: dict[str, Any]) -> list[dict[str, Any]]:
+        """Publishes ``record`` for ``step`` and returns every process's record for it."""
+        key = f"{self._prefix}{step}/"
+        self.client.key_value_set(key + str(self.process), json.dumps(record))
+        self._next_key = f"{self._prefix}{step + self.every}/{self.process}"
+        records: list[dict[str, Any]] = []
+        for process in range(self.count):
+            if process == self.process:
+                records.append(record)
+                continue
+            try:
+                raw = self.client.blocking_key_value_get(
+                    key + str(process), int(self.timeout * 1000)
+                )
+            except Exception as error:
+                self._noticed.set()
+                raise ProcessFailedError(
+                    f"process {process} did not reach step {step} of the loop within "
+                    f"{self.timeout:g} s (this is process {self.process}): it failed, hangs, "
+                    f"or runs a different loop. Its own log says why; raise "
+                    f"fault_timeout= if its steps are that slow."
+                ) from error
+            other = json.loads(raw)
+            if "fault" in other:
+                self._noticed.set()
+                raise ProcessFailedError(f"process {process} failed: {other['fault']}")
+            records.append(other)
+        if self._previous_key is not None:  # every process has read it by now
+            self.client.key_value_delete(self._previous_key)
+        self._previous_key = key + str(self.process)
+        return records
+
+    def fail(self, error: BaseException) -> None:
+        """Publishes this process's error, so the others end too instead of waiting."""
+        if isinstance(error, ProcessFailedError):
+            return  # another process failed first; it already said so
+        message = json.dumps(f"{type(error).__name__}: {error}")
+        for key in (f"{self._prefix}fault", self._next_key):
+            if key is None:
+                continue
+            with contextlib.suppress(Exception):  # the key exists, or the service is gone
+                self.client.key_value_set(
+                    key, json.dumps({"fault": json.loads(message), "process": self.process})
+                )
+
+    def close(self) -> None:
+        """Ends the watchdog; the others see this process as done, not silent."""
+        self._closed.set()
+        with contextlib.suppress(Exception):
+            self.client.key_value_set(
+                f"{self._prefix}alive/{self.process}", "done", allow_overwrite=True
+            )
+
+    # --- the watchdog ---------------------------------------------------------------------
+    def _watch(self) -> None:
+        """Beats, and ends this process when another one failed or went silent while this
+        one's main thread is blocked (in a collective that will never complete)."""
+        seen: dict[int, tuple[str, float]] = {}
+        beat = 0
+        while not self._closed.wait(HEARTBEAT_SECONDS):
+            beat += 1
+            try:
+                self.client.key_value_set(
+                    f"{self._prefix}alive/{self.process}", str(beat), allow_overwrite=True
+                )
+                problem = self._published_fault() or self._silent_process(seen)
+            except Exception:
+                if self._closed.is_set():
+                    return
+                problem = "the coordination service stopped answering"
+            if problem is None:
+                continue
+            if self._closed.wait(GRACE_SECONDS) or self._noticed.is_set():
+                return  # the main thread ended the loop, or raised the error itself
+            print(
+                f"ciclo: {problem}; process {self.process} is blocked waiting for it and "
+                f"ends now (exit status 1).",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(1)
+
+    def _published_fault(self) -> str | None:
+        try:
+            raw = self.client.key_value_try_get(f"{self._prefix}fault")
+        except Exception:  # not found: no fault
+            return None
+        fault = json.loads(raw)
+        if fault.get("process") == self.process:
+            return None
+        return f"process {fault.get('process')} failed: {fault.get('fault')}"
+
+    def _silent_process(self, seen: dict[int, tuple[str, float]]) -> str | None:
+        now = time.monotonic()
+        for process in range(self.count):
+            if process == self.process:
+                continue
+            try:
+                value = self.client.key_value_try_get(f"{self._prefix}alive/{process}")
+            except Exception:
+                value = ""  # not beating yet
+            if value == "done":
+                continue
+            last = seen.get(process)
+            if last is None or last[0] != value:
+                seen[process] = (value, now)
+            elif now - last[1] > self.timeout:
+                return f"process {process} gave no sign of life for {self.timeout:g} s"
+        return None
+
+
+def start_agreement(*, every: int, timeout: float) -> Agreement | None:
+    """The agreement of an outermost loop starting now, or ``None`` with one process, without
+    ``jax.distributed``, or inside another loop (whose decisions are already agreed).
+
+    >>> start_agreement(every=1, timeout=60.0) is None  # one process
+    True
+    """
+    global _loops_started, _active
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(
+            f"agree_every={every!r}: expected an int >= 1, the number of steps between two "
+            "agreements of the processes (1, the default, decides at exactly the step a "
+            "single process would)"
+        )
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise ValueError(
+            f"fault_timeout={timeout!r}: expected a number of seconds > 0, how long a process "
+            "waits for another before ending the job with an error (default 60)"
+        )
+    if _active is not None or jax.process_count() == 1 or coordination_client() is None:
+        return None
+    _loops_started += 1
+    _active = Agreement(f"loop{_loops_started}", every=every, timeout=float(timeout))
+    return _active
+
+
+def end_agreement(agreement: Agreement) -> None:
+    """Ends ``agreement`` (the loop is over, normally or not)."""
+    global _active
+    agreement.close()
+    if _active is agreement:
+        _active = None

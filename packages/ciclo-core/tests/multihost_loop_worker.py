@@ -1,0 +1,141 @@
+"""One process of a 2-process run in ``test_multihost_agreement.py``.
+
+Usage: ``python multihost_loop_worker.py SCENARIO PROCESS_ID PORT OUT_DIR [OPTIONS_JSON]``.
+Each process feeds its half of every batch of a linear regression trained data-parallel, and
+writes what it saw to ``OUT_DIR/result{PROCESS_ID}.json`` from ``on_end``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+STEPS, BATCH, DIM = 40, 8, 3
+
+
+def main(scenario: str, process: int, port: int, out_dir: str, options: dict) -> None:
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    address = f"127.0.0.1:{port}"
+    jax.distributed.initialize(
+        coordinator_address=address,
+        coordinator_bind_address=address,
+        num_processes=2,
+        process_id=process,
+        initialization_timeout=60,
+    )
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    import ciclo
+
+    out = Path(out_dir)
+    rng = np.random.default_rng(0)
+    xs = rng.normal(size=(STEPS, BATCH, DIM)).astype(np.float32)
+    ys = (xs @ np.array([1.0, -2.0, 0.5], np.float32) + 0.3).astype(np.float32)
+    if "nan_at" in options:  # a NaN in process 1's half of one batch
+        xs[options["nan_at"], BATCH // 2 :] = np.nan
+    half = BATCH // 2
+    mine = slice(process * half, (process + 1) * half)
+    batches = [(x[mine], y[mine]) for x, y in zip(xs, ys, strict=True)]
+
+    @ciclo.managed.train_step
+    def train_step(state, batch):
+        x, y = batch
+        pred = x @ state.params["w"] + state.params["b"]
+        return ciclo.logs().add_loss("loss", jnp.mean((pred - y) ** 2)), state
+
+    @ciclo.managed.step
+    def eval_step(state, batch):  # a collective: both processes must run it together
+        x, y = batch
+        pred = x @ state.params["w"] + state.params["b"]
+        return ciclo.logs().add_metric("eval_loss", jnp.mean((pred - y) ** 2)), state
+
+    state = ciclo.managed.ManagedState.create(
+        params={"w": jnp.zeros(DIM), "b": jnp.zeros(())},
+        tx=optax.sgd(0.05, momentum=0.9),
+        key=0,
+        strategy="data-parallel",
+    )
+    seen: dict = {"eval_steps": []}
+
+    def slow_on_process_1(state, batch, elapsed, loop_state):
+        if process == 1:  # process 1's clock runs ahead of process 0's steps
+            time.sleep(0.004)
+        time.sleep(options.get("step_sleep", 0.0))
+
+    def record_eval(state, batch, elapsed, loop_state):
+        seen["eval_steps"].append(elapsed.steps)
+
+    def finish(state, batch, elapsed, loop_state):
+        result = {
+            "steps": elapsed.steps,
+            "samples": elapsed.samples,
+            "reason": loop_state.stop_reason,
+            "w": np.asarray(state.params["w"]).tolist(),
+            "b": float(state.params["b"]),
+            **seen,
+        }
+        (out / f"result{process}.json").write_text(json.dumps(result))
+
+    each_step: list = [train_step, slow_on_process_1]
+    tasks: dict = {ciclo.every(1): each_step}
+    kwargs: dict = {"on_end": finish, "stop": options.get("stop")}
+    if scenario == "time":
+        tasks[ciclo.every(time=0.05)] = [eval_step, record_eval]
+    elif scenario == "nan":
+        each_step.append(ciclo.terminate_on_nan())
+    elif scenario == "raise":
+
+        def boom(state, batch, elapsed, loop_state):
+            if process == 1 and elapsed.steps == 5:
+                raise ValueError("boom on purpose")
+
+        each_step.append(boom)
+    elif scenario == "sigterm":
+        checkpoint = ciclo.checkpoint(out / "ckpt", keep=2)
+        if options.get("interrupt"):
+
+            def preempt(state, batch, elapsed, loop_state):
+                if process == 1 and elapsed.steps == 7:
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+            each_step.append(preempt)
+        tasks[ciclo.every(1000)] = checkpoint
+        kwargs["resume"] = checkpoint
+    elif scenario == "bar":
+        tasks.update(ciclo.keras_bar(STEPS, file=sys.stdout, plain_interval=0.0))
+    elif scenario == "test_duration":
+        test = [(x[mine], y[mine]) for x, y in zip(xs[:2], ys[:2], strict=True)]
+
+        def test_step(state, batch):
+            return eval_step(state, batch)[0]
+
+        def record_test(state, batch, elapsed, loop_state):
+            seen["eval_steps"].append(elapsed.steps)
+
+        ciclo.train_loop(
+            state,
+            batches,
+            {
+                ciclo.on_train_step: [train_step, slow_on_process_1],
+                ciclo.on_test_step: test_step,
+                ciclo.on_test_end: record_test,
+                ciclo.on_train_end: finish,
+            },
+            test_dataset=lambda: test,
+            test_duration=ciclo.at(time=0.05),
+        )
+        return
+    ciclo.loop(state, batches, tasks, **kwargs)
+
+
+if __name__ == "__main__":
+    options = json.loads(sys.argv[5]) if len(sys.argv) > 5 else {}
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], options)

@@ -1,0 +1,141 @@
+"""Two processes, 2 CPU devices on loopback (``jax.distributed``, gloo): every process
+takes each decision of the loop at the same step, and a fault ends the job, never hangs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+WORKER = Path(__file__).with_name("multihost_loop_worker.py")
+TIMEOUT = 150  # seconds, for both processes together
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_pair(scenario: str, out: Path, **options) -> tuple[list[int], list[str], float]:
+    """Runs both processes; returns their exit statuses, outputs, and the seconds taken."""
+    out.mkdir(exist_ok=True)
+    port = free_port()
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+    }
+    command = [sys.executable, str(WORKER), scenario]
+    start = time.monotonic()
+    procs = [
+        subprocess.Popen(
+            [*command, str(i), str(port), str(out), json.dumps(options)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outputs = []
+    try:
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=TIMEOUT)
+            outputs.append(stdout + stderr)
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        pytest.fail(f"the 2-process run {scenario!r} hung (more than {TIMEOUT} s)")
+    return [p.returncode for p in procs], outputs, time.monotonic() - start
+
+
+def results(out: Path) -> list[dict]:
+    return [json.loads((out / f"result{i}.json").read_text()) for i in range(2)]
+
+
+def check_ok(codes: list[int], outputs: list[str]) -> None:
+    for i, code in enumerate(codes):
+        assert code == 0, f"process {i} exited {code}:\n{outputs[i][-3000:]}"
+
+
+def test_a_time_schedule_fires_at_the_same_steps_on_both_processes(tmp_path):
+    # process 1 sleeps 4 ms a step, so its clock alone would fire at other steps
+    codes, outputs, _ = run_pair("time", tmp_path)
+    check_ok(codes, outputs)
+    first, second = results(tmp_path)
+    assert len(first["eval_steps"]) >= 2
+    assert first["eval_steps"] == second["eval_steps"]
+    assert first["w"] == second["w"]
+    assert first["b"] == second["b"]
+    assert first["samples"] == second["samples"] == 40 * 8  # both halves of every batch
+
+
+def test_test_duration_in_time_evaluates_at_the_same_steps(tmp_path):
+    codes, outputs, _ = run_pair("test_duration", tmp_path)
+    check_ok(codes, outputs)
+    first, second = results(tmp_path)
+    assert len(first["eval_steps"]) >= 2
+    assert first["eval_steps"] == second["eval_steps"]
+    assert first["w"] == second["w"]
+
+
+def test_terminate_on_nan_stops_both_processes_at_the_same_step(tmp_path):
+    codes, outputs, _ = run_pair("nan", tmp_path, nan_at=10)
+    check_ok(codes, outputs)
+    first, second = results(tmp_path)
+    assert first["steps"] == second["steps"] < 40
+    assert "NaN" in first["reason"] or "nan" in first["reason"].lower()
+    assert first["reason"] == second["reason"]
+
+
+def test_a_raise_on_one_process_ends_both_with_an_error(tmp_path):
+    codes, outputs, seconds = run_pair("raise", tmp_path)
+    assert codes[0] != 0
+    assert codes[1] != 0
+    assert "boom on purpose" in outputs[1]
+    assert "process 1 failed: ValueError: boom on purpose" in outputs[0]
+    assert seconds < 60
+
+
+def test_sigterm_to_one_process_stops_both_at_one_step_with_a_checkpoint(tmp_path):
+    plain = tmp_path / "plain"
+    codes, outputs, _ = run_pair("sigterm", plain)
+    check_ok(codes, outputs)
+    uninterrupted = results(plain)[0]
+
+    run = tmp_path / "run"
+    # JAX's preemption sync point picks a step about 0.1-0.5 s after the notice: 50 ms steps
+    codes, outputs, seconds = run_pair("sigterm", run, interrupt=True, step_sleep=0.05)
+    assert codes == [128 + signal.SIGTERM] * 2, outputs
+    assert seconds < 60
+    first, second = results(run)
+    assert first["steps"] == second["steps"] < 40
+    assert "SIGTERM" in first["reason"]
+    assert first["reason"] == second["reason"]
+    saved = sorted(int(p.name) for p in (run / "ckpt").iterdir() if p.name.isdigit())
+    assert saved[-1] == first["steps"]  # the save at the stop (every(1000) also saved step 1)
+
+    codes, outputs, _ = run_pair("sigterm", run)  # both resume from that checkpoint
+    check_ok(codes, outputs)
+    for resumed in results(run):
+        assert resumed["steps"] == 40
+        np.testing.assert_allclose(resumed["w"], uninterrupted["w"], rtol=1e-6)
+        np.testing.assert_allclose(resumed["b"], uninterrupted["b"], rtol=1e-6)
+
+
+def test_the_bar_is_drawn_by_process_0_only(tmp_path):
+    codes, outputs, _ = run_pair("bar", tmp_path)
+    check_ok(codes, outputs)
+    assert "40/40 [" in outputs[0]
+    assert "/40 [" not in outputs[1]
