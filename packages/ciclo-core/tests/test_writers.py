@@ -47,7 +47,9 @@ def test_csv_and_writer_rows_appear_exactly_once_after_a_sigkill_and_a_resume(tm
         text=True,
     )
     try:
-        kill_at = 2 * training.EVERY + 3  # after the checkpoint at 12 and the rows at 12, 14
+        # after the checkpoint at 12 and the CSV rows at 12 and 14, before the writer's next
+        # write at 16: the checkpoint holds a row that the writer had not written
+        kill_at = 2 * training.EVERY + 3
         assert process.stdout is not None
         for line in process.stdout:
             if int(line.split()[1]) >= kill_at:
@@ -59,6 +61,8 @@ def test_csv_and_writer_rows_appear_exactly_once_after_a_sigkill_and_a_resume(tm
     assert process.returncode == -signal.SIGKILL
     steps = [int(r["steps"]) for r in read_rows(killed / "log.csv")]
     assert steps[-1] > 2 * training.EVERY, "no row was written after the last checkpoint"
+    written = [r["step"] for r in read_lines(killed / "rows.jsonl")]
+    assert written[-1] < 2 * training.EVERY, "the writer wrote the checkpoint's last row"
     training.run(killed, resume=True)
     assert read_rows(killed / "log.csv") == read_rows(reference / "log.csv")
     assert read_lines(killed / "rows.jsonl") == read_lines(reference / "rows.jsonl")

@@ -41,8 +41,8 @@ class MetricWriter(Protocol):
     """What :func:`writer_logger` writes to: CLU's ``MetricWriter`` interface.
 
     A writer may also define ``resume_at(step)``: told, before its first write in a resumed
-    run, the step of the checkpoint the run resumed from, so that it can drop or hide the
-    rows that the interrupted run wrote after it (the resumed run writes them again).
+    run, the step of the last row written before the checkpoint, so that it can drop or hide
+    the rows that the interrupted run wrote after it (the resumed run writes them again).
     """
 
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None: ...
@@ -129,13 +129,29 @@ class WriterLogger(LoopCallbackBase):
         self.hparams = dict(hparams) if hparams is not None else None
         self.close_on_end = close
         self._next_row: int | None = None
+        self._resume_from: int | None = None  # rows written when the checkpoint was saved
         self._last = -math.inf
 
+    # --- a checkpoint holds how many history rows were written: a resumed run continues there
+    def state_dict(self) -> dict[str, int]:
+        """How many history rows were written (``-1``: not started): saved with a checkpoint."""
+        return {"written": -1 if self._next_row is None else self._next_row}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """In a resumed run: write again the rows the checkpoint holds but had not written."""
+        written = int(state["written"])
+        self._resume_from = written if written >= 0 else None
+
     def _begin(self, loop_state: LoopState) -> None:
-        self._next_row = len(loop_state.history)
-        if loop_state.resumed and self._next_row and hasattr(self.writer, "resume_at"):
-            last = loop_state.history[self._next_row - 1].get("elapsed", {})
-            self.writer.resume_at(int(last.get("steps", self._next_row - 1)))
+        history = loop_state.history
+        self._next_row = len(history)
+        if loop_state.resumed and self._resume_from is not None:
+            self._next_row = min(self._resume_from, len(history))
+        self._resume_from = None
+        if loop_state.resumed and hasattr(self.writer, "resume_at"):
+            row = self._next_row - 1  # the last row written before the checkpoint
+            step = int(history[row].get("elapsed", {}).get("steps", row)) if row >= 0 else -1
+            self.writer.resume_at(step)
         if self.hparams is not None:
             self.writer.write_hparams(self.hparams)
             self.hparams = None
