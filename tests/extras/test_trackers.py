@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import json
 import struct
+import time
 from pathlib import Path
 
 import jax
@@ -86,11 +87,21 @@ def test_a_run_logged_to_wandb_offline_reads_back_equal_to_the_history(tmp_path,
     )
     _, history, _ = train(writer, close=True, hparams={"lr": 0.1})
     (path,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
+    # wandb's service writes the file in the background: wait for the run's exit record
+    deadline = time.monotonic() + 60
+    while True:
+        records = []
+        for raw in wandb_records(path):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(raw)
+            records.append(record)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            break
+        assert time.monotonic() < deadline, "wandb did not finish writing the offline run"
+        time.sleep(0.2)
     found: dict[str, list[tuple[int, float]]] = {}
     config = {}
-    for raw in wandb_records(path):
-        record = wandb_internal_pb2.Record()
-        record.ParseFromString(raw)
+    for record in records:
         kind = record.WhichOneof("record_type")
         if kind == "history":
             items = {

@@ -41,7 +41,7 @@ def test_csv_and_writer_rows_appear_exactly_once_after_a_sigkill_and_a_resume(tm
     killed = tmp_path / "killed"
     killed.mkdir()
     process = subprocess.Popen(
-        [sys.executable, training.__file__, str(killed), "--delay", "0.05"],
+        [sys.executable, training.__file__, str(killed), "--delay", "0.3"],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

@@ -187,9 +187,14 @@ class TensorBoardLogger(WriterLogger):
             owner="tensorboard_logger",
         )
 
+    @property
+    def writer(self) -> Any:
+        """The ``tensorboardX.SummaryWriter`` (opened on first use)."""
+        return self.metric_writer.summary_writer
+
     def close(self) -> None:
         """Flushes and closes the event file (a later write opens a new one)."""
-        self.writer.close()
+        self.metric_writer.close()
 
     def on_train_end(self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState) -> None:
         self.end(loop_state)

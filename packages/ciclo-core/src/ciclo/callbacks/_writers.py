@@ -101,7 +101,11 @@ def scalar_rows(history: History, start: int, end: int) -> list[tuple[int, dict[
 
 
 class WriterLogger(LoopCallbackBase):
-    """Sends history rows to a :class:`MetricWriter`; made by :func:`writer_logger`."""
+    """Sends history rows to a :class:`MetricWriter`; made by :func:`writer_logger`.
+
+    Attributes:
+        metric_writer: the writer.
+    """
 
     __loop_observer__ = True  # reads the loop only: runs once per fused group
 
@@ -123,7 +127,7 @@ class WriterLogger(LoopCallbackBase):
             )
         if isinstance(interval, bool) or not isinstance(interval, int | float) or interval < 0:
             raise TypeError(f"{owner}(interval={interval!r}): expected seconds, a number >= 0")
-        self.writer = writer
+        self.metric_writer = writer
         self.interval = float(interval)
         self.process = check_output_process(process, owner)
         self.hparams = dict(hparams) if hparams is not None else None
@@ -148,12 +152,12 @@ class WriterLogger(LoopCallbackBase):
         if loop_state.resumed and self._resume_from is not None:
             self._next_row = min(self._resume_from, len(history))
         self._resume_from = None
-        if loop_state.resumed and hasattr(self.writer, "resume_at"):
+        if loop_state.resumed and hasattr(self.metric_writer, "resume_at"):
             row = self._next_row - 1  # the last row written before the checkpoint
             step = int(history[row].get("elapsed", {}).get("steps", row)) if row >= 0 else -1
-            self.writer.resume_at(step)
+            self.metric_writer.resume_at(step)
         if self.hparams is not None:
-            self.writer.write_hparams(self.hparams)
+            self.metric_writer.write_hparams(self.hparams)
             self.hparams = None
 
     def write(self, loop_state: LoopState, *, force: bool = True) -> None:
@@ -171,9 +175,9 @@ class WriterLogger(LoopCallbackBase):
         if start is None or end <= start:
             return
         for step, scalars in scalar_rows(loop_state.history, start, end):
-            self.writer.write_scalars(step, scalars)
+            self.metric_writer.write_scalars(step, scalars)
         self._next_row = end
-        self.writer.flush()
+        self.metric_writer.flush()
 
     def end(self, loop_state: LoopState) -> None:
         """Writes what is left and flushes (and closes the writer, with ``close=True``)."""
@@ -181,9 +185,9 @@ class WriterLogger(LoopCallbackBase):
             return
         self.write(loop_state)
         self._next_row = None  # a later loop starts from its own history
-        self.writer.flush()
+        self.metric_writer.flush()
         if self.close_on_end:
-            self.writer.close()
+            self.metric_writer.close()
 
     # --- hooks ---------------------------------------------------------------------------
     def __loop_callback__(self, loop_state: LoopState) -> None:
