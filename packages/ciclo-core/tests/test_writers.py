@@ -257,3 +257,20 @@ def test_profiler_writes_a_trace_of_n_steps(tmp_path):
         ciclo.profiler(tmp_path, steps=0)
     with pytest.raises(TypeError, match=r"profiler\(start=-1\)"):
         ciclo.profiler(tmp_path, start=-1)
+
+
+def test_writer_throughput_and_learning_rate_add_no_device_sync_per_step(monkeypatch):
+    """Over 300 steps, values reach the host only in the writer's batched fetches (here at
+    the loop's end), never once per step."""
+    fetches = []
+    real = jax.device_get
+    monkeypatch.setattr(jax, "device_get", lambda x: fetches.append(1) or real(x))
+    writer = Recorder()
+    tasks = {
+        ciclo.every(1): [train_step, ciclo.writer_logger(writer, interval=3600)],
+        **ciclo.throughput(100),
+        **ciclo.learning_rate_monitor(optax.constant_schedule(0.1), steps=100),
+    }
+    ciclo.loop(jnp.float32(0), [np.zeros(1)] * 300, tasks)
+    assert len(writer.rows) == 300
+    assert len(fetches) <= 3, f"{len(fetches)} fetches in 300 steps"
