@@ -16,7 +16,7 @@ import nox
 
 nox.needs_version = ">=2024.4.15"
 nox.options.default_venv_backend = "uv|virtualenv"
-nox.options.sessions = ["lint", "typecheck", "tests", "extras", "bench_tiny"]
+nox.options.sessions = ["lint", "typecheck", "tests", "extras", "docs", "bench_tiny"]
 nox.options.error_on_external_run = True
 
 ROOT = Path(__file__).parent
@@ -108,6 +108,18 @@ def extras(session: nox.Session) -> None:
     session.run(
         "pytest", "-q", "-p", "no:cacheprovider", "-n", workers, "tests/extras",
         *session.posargs, env=ENV,
+    )  # fmt: skip
+
+
+@nox.session(python=PYTHONS[0])
+def docs(session: nox.Session) -> None:
+    """The documentation site (mkdocs-material; the API reference generated from the
+    docstrings by mkdocstrings, read from the source without importing it), built with
+    warnings as errors into site/. The pages' code blocks run in the integration tests."""
+    session.install(*nox.project.dependency_groups(PYPROJECT, "docs"))
+    session.run(
+        "mkdocs", "build", "--strict", "--site-dir", str(ROOT / "site"), *session.posargs,
+        env={"NO_MKDOCS_2_WARNING": "1"},
     )  # fmt: skip
 
 

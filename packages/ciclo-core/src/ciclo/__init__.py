@@ -13,6 +13,7 @@ from ._checkpoint._evaluate import evaluate_checkpoints as evaluate_checkpoints
 from ._checkpoint._restore import Restored as Restored
 from ._checkpoint._restore import restore as restore
 from ._checkpoint._restore import restore_best as restore_best
+from ._data._stateful import stateful_dataset as stateful_dataset
 from ._loop._callback import Callback as Callback
 from ._loop._engine import loop as loop
 from ._loop._hooks import LoopCallback as LoopCallback
@@ -64,7 +65,11 @@ from .callbacks._early_stopping import terminate_on_nan as terminate_on_nan
 from .callbacks._inner_loop import inner_loop as inner_loop
 from .callbacks._loggers import csv_logger as csv_logger
 from .callbacks._loggers import tensorboard_logger as tensorboard_logger
+from .callbacks._lr_monitor import learning_rate_monitor as learning_rate_monitor
+from .callbacks._profiler import profiler as profiler
 from .callbacks._progress import keras_bar as keras_bar
 from .callbacks._progress import tqdm_bar as tqdm_bar
+from .callbacks._throughput import throughput as throughput
+from .callbacks._writers import writer_logger as writer_logger
 
 __version__ = "0.1.0"

@@ -12,5 +12,14 @@ from ._early_stopping import terminate_on_nan as terminate_on_nan
 from ._inner_loop import inner_loop as inner_loop
 from ._loggers import csv_logger as csv_logger
 from ._loggers import tensorboard_logger as tensorboard_logger
+from ._lr_monitor import learning_rate_monitor as learning_rate_monitor
+from ._profiler import profiler as profiler
 from ._progress import keras_bar as keras_bar
 from ._progress import tqdm_bar as tqdm_bar
+from ._throughput import compiled_flops as compiled_flops
+from ._throughput import throughput as throughput
+from ._writers import MetricWriter as MetricWriter
+from ._writers import MLflowWriter as MLflowWriter
+from ._writers import TensorBoardWriter as TensorBoardWriter
+from ._writers import WandbWriter as WandbWriter
+from ._writers import writer_logger as writer_logger

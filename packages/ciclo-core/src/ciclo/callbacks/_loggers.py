@@ -1,23 +1,23 @@
-"""Loggers: ``csv_logger`` (one row per epoch) and ``tensorboard_logger`` (every logged
-step, written from the history in batches)."""
+"""Loggers: ``csv_logger`` (one row per epoch, continued exactly across a resume) and
+``tensorboard_logger`` (every logged step, written from the history in batches through
+:class:`~ciclo.callbacks._writers.TensorBoardWriter`)."""
 
 from __future__ import annotations
 
 import csv
-import math
 import os
-import time as _time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from .._loop._hooks import LoopCallbackBase
 from .._loop._state import LoopState
+from .._processes._outputs import check_output_process, writes_here
 from .._records import _host
 from .._time._elapsed import Elapsed
 from ._progress import display_values
+from ._writers import TensorBoardWriter, WriterLogger
 
 __all__ = ["csv_logger", "tensorboard_logger", "CSVLogger", "TensorBoardLogger"]
 
@@ -29,31 +29,68 @@ class CSVLogger(LoopCallbackBase):
 
     __loop_observer__ = True  # reads the loop only: runs once per fused group
 
-    def __init__(self, path: str | os.PathLike[str], *, separator: str, append: bool) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        separator: str,
+        append: bool,
+        process: int | None = 0,
+    ) -> None:
         self.path = Path(path)
         self.separator = separator
+        self.process = check_output_process(process, "csv_logger")
         self.columns: list[str] = []
         self.rows: list[dict[str, Any]] = []
         self._loaded = not append
-        if not self.path.parent.exists():
+        if writes_here(self.process) and not self.path.parent.exists():
             raise FileNotFoundError(
                 f"csv_logger: the directory of {str(self.path)!r} does not exist; create it "
                 f"first (e.g. os.makedirs({str(self.path.parent)!r}, exist_ok=True))."
             )
 
-    def _load(self) -> None:
-        """With ``append=True``, continues the rows already in the file."""
-        self._loaded = True
+    def _read(self) -> tuple[list[str], list[dict[str, Any]]]:
         if self.path.exists() and self.path.stat().st_size:
             with self.path.open(newline="") as f:
                 reader = csv.DictReader(f, delimiter=self.separator)
-                self.columns = list(reader.fieldnames or [])
-                self.rows = list(reader)
-        else:
-            self.rows, self.columns = [], []
+                return list(reader.fieldnames or []), list(reader)
+        return [], []
+
+    def _load(self) -> None:
+        """With ``append=True``, continues the rows already in the file."""
+        self._loaded = True
+        self.columns, self.rows = self._read()
+
+    # --- a checkpoint holds how many rows the file had: a resumed run continues there -------
+    def state_dict(self) -> dict[str, Any]:
+        """The rows written so far (their count) and the columns: saved with a checkpoint."""
+        if not self._loaded and writes_here(self.process):
+            self._load()
+        return {"rows": len(self.rows), "columns": list(self.columns)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continues the file of a resumed run: keeps the rows written up to the checkpoint
+        and drops those the interrupted run wrote after it (the resumed run writes them
+        again), so each row appears exactly once."""
+        self._loaded = True
+        if not writes_here(self.process):
+            return
+        count, columns = int(state["rows"]), [str(c) for c in state["columns"]]
+        _, rows = self._read()
+        if len(rows) < count:
+            warnings.warn(
+                f"csv_logger: {str(self.path)!r} has {len(rows)} rows, but the checkpoint was "
+                f"saved after {count}: the missing rows are lost (was the file replaced?).",
+                stacklevel=2,
+            )
+        self.columns = columns
+        self.rows = [{c: row.get(c, "") for c in columns} for row in rows[:count]]
+        self._write_all()
 
     def write(self, loop_state: LoopState) -> None:
         """Adds a row: the count and the latest value of every scalar loss and metric."""
+        if not writes_here(self.process):
+            return
         if not self._loaded:
             self._load()
         elapsed = loop_state.elapsed
@@ -88,7 +125,11 @@ class CSVLogger(LoopCallbackBase):
 
 
 def csv_logger(
-    path: str | os.PathLike[str], *, separator: str = ",", append: bool = False
+    path: str | os.PathLike[str],
+    *,
+    separator: str = ",",
+    append: bool = False,
+    process: int | None = 0,
 ) -> CSVLogger:
     """Writes a CSV file with one row per epoch (Keras' ``CSVLogger``).
 
@@ -97,10 +138,17 @@ def csv_logger(
     (``loss``, ``accuracy``, ``accuracy_test``...). A column that appears later (the first
     evaluation) widens the header; earlier rows leave it empty.
 
+    With ``ciclo.checkpoint``, a checkpoint holds how many rows the file had; a run resumed
+    from it keeps those rows and drops the ones the interrupted run wrote after the
+    checkpoint (the resumed run writes them again): each row appears exactly once, even
+    after a kill.
+
     Args:
         path: the file to write.
         separator: the field separator.
-        append: continue an existing file (a resumed run) instead of replacing it.
+        append: continue an existing file instead of replacing it (a resumed run continues
+            its file without it).
+        process: the process that writes (``None``: every process, each to ``path``).
 
     Returns:
         a callback object: ``callbacks=[ciclo.csv_logger("log.csv")]`` in
@@ -117,132 +165,72 @@ def csv_logger(
         >>> path.read_text().splitlines()[0]
         'steps,samples,time,loss'
     """
-    return CSVLogger(path, separator=separator, append=append)
+    return CSVLogger(path, separator=separator, append=append, process=process)
 
 
-def _scalar(value: Any) -> float | None:
-    if isinstance(value, bool | int | float | np.generic) or (
-        isinstance(value, np.ndarray) and value.size == 1
-    ):
-        try:
-            return float(value)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            return None
-    return None
-
-
-class TensorBoardLogger(LoopCallbackBase):
+class TensorBoardLogger(WriterLogger):
     """Writes history rows as TensorBoard scalars; see :func:`tensorboard_logger`."""
 
-    __loop_observer__ = True  # reads the loop only: runs once per fused group
-
     def __init__(
-        self, logdir: str | os.PathLike[str], interval: float, writer_kwargs: Mapping[str, Any]
+        self,
+        logdir: str | os.PathLike[str],
+        interval: float,
+        writer_kwargs: Mapping[str, Any],
+        process: int | None = 0,
     ) -> None:
         self.logdir = str(logdir)
-        self.interval = interval
-        self.writer_kwargs = dict(writer_kwargs)
-        self._writer: Any = None
-        self._next_row: int | None = None
-        self._last = -math.inf
-        _import_tensorboardx()  # fail at creation, not mid-run
+        super().__init__(
+            TensorBoardWriter(logdir, **writer_kwargs),
+            interval=interval,
+            process=process,
+            close=True,
+            owner="tensorboard_logger",
+        )
 
     @property
     def writer(self) -> Any:
         """The ``tensorboardX.SummaryWriter`` (opened on first use)."""
-        if self._writer is None:
-            self._writer = _import_tensorboardx()(self.logdir, **self.writer_kwargs)
-        return self._writer
-
-    def write(self, loop_state: LoopState, *, force: bool = True) -> None:
-        """Writes the history rows committed since the last write."""
-        history = loop_state.history
-        if self._next_row is None:
-            self._next_row = len(history)
-        now = _time.monotonic()
-        if not force and now - self._last < self.interval:
-            return
-        self._last = now
-        end = len(history)
-        if end <= self._next_row:
-            return
-        writer = self.writer
-        for index in range(self._next_row, end):
-            row = history[index]  # the first read fetches pending values in one transfer
-            elapsed = row.get("elapsed", {})
-            step, walltime = int(elapsed.get("steps", index)), elapsed.get("date")
-            for collection, entries in row.items():
-                if collection in ("elapsed", "outputs"):
-                    continue
-                for name, value in entries.items():
-                    scalar = _scalar(value)
-                    if scalar is not None:
-                        writer.add_scalar(f"{collection}/{name}", scalar, step, walltime=walltime)
-        self._next_row = end
-        writer.flush()
+        return self.metric_writer.summary_writer
 
     def close(self) -> None:
         """Flushes and closes the event file (a later write opens a new one)."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-    # --- hooks ---------------------------------------------------------------------------
-    def __loop_callback__(self, loop_state: LoopState) -> None:
-        self.write(loop_state, force=False)
-
-    def on_train_begin(
-        self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
-    ) -> None:
-        self._next_row = len(loop_state.history)
-
-    def on_train_batch_end(
-        self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
-    ) -> None:
-        self.write(loop_state, force=False)
-
-    def on_epoch_end(self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState) -> None:
-        self.write(loop_state)
+        self.metric_writer.close()
 
     def on_train_end(self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState) -> None:
-        self.write(loop_state)
-        self.close()
-
-
-def _import_tensorboardx() -> Any:
-    try:
-        from tensorboardX import SummaryWriter
-    except ImportError:
-        raise ImportError(
-            "ciclo.tensorboard_logger needs tensorboardX: pip install 'ciclo-core[tensorboard]'"
-        ) from None
-    return SummaryWriter
+        self.end(loop_state)
 
 
 def tensorboard_logger(
-    logdir: str | os.PathLike[str], *, interval: float = 5.0, **writer_kwargs: Any
+    logdir: str | os.PathLike[str],
+    *,
+    interval: float = 5.0,
+    process: int | None = 0,
+    **writer_kwargs: Any,
 ) -> TensorBoardLogger:
     """Writes every scalar log entry to TensorBoard event files (with tensorboardX).
 
     It writes the rows of the loop's history, so values are fetched once (by the history,
     in batches) and each scalar appears at its row's step (tag ``collection/name``, e.g.
     ``losses/loss``, ``metrics/accuracy_test``). Rows are written at most every
-    ``interval`` seconds, at each epoch end, and at the end of training (which closes the
-    file).
+    ``interval`` seconds, at each epoch end, and when the loop ends (which closes the file;
+    in :func:`ciclo.loop` too). A resumed run hides the events that the interrupted run
+    wrote after the checkpoint (``purge_step``). It is :func:`ciclo.writer_logger` with a
+    :class:`ciclo.callbacks.TensorBoardWriter`.
 
     Needs the extra: ``pip install 'ciclo-core[tensorboard]'``.
 
     Args:
         logdir: the directory of the event files (``tensorboard --logdir``).
         interval: seconds between writes during training.
+        process: the process that writes (``None``: every process).
         **writer_kwargs: passed to ``tensorboardX.SummaryWriter``.
 
     Returns:
-        a callback object for ``callbacks=[...]`` of :func:`ciclo.train_loop`; in
-        :func:`ciclo.loop`, put it under a schedule and pass ``on_end=logger.on_train_end``.
+        a callback object for ``callbacks=[...]`` of :func:`ciclo.train_loop`, or under a
+        schedule (or spread with ``**``) in :func:`ciclo.loop`.
 
     Example:
         >>> import ciclo, tempfile
         >>> logger = ciclo.tensorboard_logger(tempfile.mkdtemp())  # doctest: +SKIP
     """
-    return TensorBoardLogger(logdir, interval, writer_kwargs)
+    return TensorBoardLogger(logdir, interval, writer_kwargs, process)

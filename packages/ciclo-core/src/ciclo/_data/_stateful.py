@@ -1,0 +1,144 @@
+"""``stateful_dataset``: a dataset whose iterator has ``get_state()``/``set_state()`` (a Grain
+``DataLoader``, ``IterDataset`` or ``DatasetIterator``), exposed as the ``state_dict()`` /
+``load_state_dict()`` pair that a checkpoint saves with each step, so a resumed run continues
+from the iterator's own state instead of replaying batches.
+
+With several processes, each process's iterator has its own state: every process saves the
+states of all (gathered at each save) and each loads its own back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+__all__ = ["StatefulDataset", "stateful_dataset"]
+
+
+def _has_state(obj: Any) -> bool:
+    return callable(getattr(obj, "get_state", None)) and callable(getattr(obj, "set_state", None))
+
+
+def _encode(state: Any) -> dict[str, Any]:
+    """An iterator state as JSON values (Grain's ``DataLoaderIterator`` states are bytes)."""
+    if isinstance(state, bytes):
+        return {"bytes": state.decode("utf-8")}
+    return {"json": json.dumps(state, sort_keys=True)}
+
+
+def _decode(saved: Mapping[str, Any]) -> Any:
+    if "bytes" in saved:
+        return str(saved["bytes"]).encode("utf-8")
+    return json.loads(str(saved["json"]))
+
+
+def _gather(text: str) -> list[str]:
+    """``text`` of every process, in process order (one all-gather; one process: no-op)."""
+    if jax.process_count() == 1:
+        return [text]
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(text.encode("utf-8"), np.uint8)
+    sizes = multihost_utils.process_allgather(np.array([data.size], np.int64))
+    padded = np.zeros(int(np.max(sizes)), np.uint8)
+    padded[: data.size] = data
+    everything = np.asarray(multihost_utils.process_allgather(padded))
+    return [
+        bytes(row[: int(n)]).decode("utf-8")
+        for row, n in zip(everything, np.ravel(sizes), strict=True)
+    ]
+
+
+class StatefulDataset:
+    """Iterates ``source`` through one iterator whose state a checkpoint holds; made by
+    :func:`stateful_dataset`.
+
+    Attributes:
+        source: what was given.
+        drawn: how many batches were drawn from the iterator by this object (not counting
+            the batches before a loaded state).
+    """
+
+    def __init__(self, source: Any) -> None:
+        if not (_has_state(source) or callable(getattr(source, "__iter__", None))):
+            raise TypeError(
+                f"stateful_dataset: {type(source).__name__} is not iterable; give a Grain "
+                "DataLoader, IterDataset or DatasetIterator (an iterator with get_state() and "
+                "set_state())."
+            )
+        self.source = source
+        self.drawn = 0
+        self._iterator: Any = None
+
+    @property
+    def iterator(self) -> Any:
+        """The iterator batches come from (made at first use)."""
+        if self._iterator is None:
+            iterator = self.source if _has_state(self.source) else iter(self.source)
+            if not _has_state(iterator):
+                raise TypeError(
+                    f"stateful_dataset: the iterator of {type(self.source).__name__} "
+                    f"({type(iterator).__name__}) has no get_state()/set_state(); a Grain "
+                    "DataLoader or IterDataset has them."
+                )
+            self._iterator = iterator
+        return self._iterator
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self.iterator)
+        self.drawn += 1
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The iterator's state (every process's, by process index), as JSON values."""
+        texts = _gather(json.dumps(_encode(self.iterator.get_state())))
+        return {"processes": [json.loads(t) for t in texts]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Puts back this process's iterator state.
+
+        Raises:
+            ValueError: the checkpoint was written by a different number of processes.
+        """
+        saved = list(state["processes"])
+        if len(saved) != jax.process_count():
+            raise ValueError(
+                f"stateful_dataset: the checkpoint holds the iterator states of {len(saved)} "
+                f"processes; this run has {jax.process_count()}. Resume with as many "
+                "processes as the interrupted run (each continues its own iterator)."
+            )
+        self.iterator.set_state(_decode(saved[jax.process_index()]))
+
+
+def stateful_dataset(source: Any) -> StatefulDataset:
+    """A dataset that a checkpoint saves by its iterator's own state (``get_state`` /
+    ``set_state``: Grain's ``DataLoader``, ``IterDataset``, ``DatasetIterator``), so a
+    resumed run continues exactly where the interrupted one was, without replaying batches.
+
+    Give it to the loop in place of ``source``: ``ciclo.train_loop(state,
+    ciclo.stateful_dataset(loader), ...)``. With several processes, each keeps its own state.
+
+    Example:
+        >>> class Counter:  # any iterator with get_state()/set_state()
+        ...     def __init__(self): self.i = 0
+        ...     def __iter__(self): return self
+        ...     def __next__(self): self.i += 1; return self.i
+        ...     def get_state(self): return {"i": self.i}
+        ...     def set_state(self, state): self.i = state["i"]
+        >>> data = stateful_dataset(Counter())
+        >>> next(data), next(data)
+        (1, 2)
+        >>> saved = data.state_dict()
+        >>> again = stateful_dataset(Counter())
+        >>> again.load_state_dict(saved)
+        >>> next(again)
+        3
+    """
+    return StatefulDataset(source)

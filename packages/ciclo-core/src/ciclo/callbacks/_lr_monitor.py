@@ -1,0 +1,106 @@
+"""``learning_rate_monitor``: the current learning rate, from an optax schedule or from an
+``optax.inject_hyperparams`` state, logged into the history."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from .._loop._hooks import LoopCallbackBase
+from .._loop._state import LoopState
+from .._records._logs import Logs
+from .._time._elapsed import Elapsed
+from .._time._schedules import Schedule, every
+
+__all__ = ["LearningRateMonitor", "learning_rate_monitor", "injected_hyperparam"]
+
+
+def _has_hyperparams(node: Any) -> bool:
+    return isinstance(getattr(node, "hyperparams", None), dict)
+
+
+def injected_hyperparam(state: Any, name: str = "learning_rate") -> Any:
+    """The value of hyperparameter ``name`` in the first ``optax.inject_hyperparams`` state
+    found in ``state`` (on device), or ``None``.
+
+    Example:
+        >>> import optax, jax.numpy as jnp
+        >>> opt = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
+        >>> round(float(injected_hyperparam(opt.init(jnp.zeros(2)))), 6)
+        0.1
+    """
+    for node in jax.tree_util.tree_leaves(state, is_leaf=_has_hyperparams):
+        if _has_hyperparams(node) and name in node.hyperparams:
+            return node.hyperparams[name]
+    return None
+
+
+class LearningRateMonitor(LoopCallbackBase):
+    """Logs the learning rate; made by :func:`learning_rate_monitor`."""
+
+    def __init__(self, schedule: Callable[[Any], Any] | None, steps: int, name: str) -> None:
+        if schedule is not None and not callable(schedule):
+            raise TypeError(
+                f"learning_rate_monitor(schedule={schedule!r}): expected an optax schedule "
+                "(step -> learning rate), or None to read an inject_hyperparams state"
+            )
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise TypeError(f"learning_rate_monitor(steps={steps!r}): expected an int >= 1")
+        self.schedule, self.steps, self.name = schedule, steps, name
+        self._last: int | None = None
+
+    def default_schedule(self) -> Schedule:
+        """Spread with ``**`` into ``tasks``: every ``steps`` steps."""
+        return every(self.steps)
+
+    def read(self, loop_state: LoopState) -> Any:
+        """The learning rate at this step (on device when read from the state)."""
+        if self.schedule is not None:
+            return self.schedule(loop_state.elapsed.steps)
+        value = injected_hyperparam(loop_state.state, self.name)
+        if value is None:
+            raise ValueError(
+                f"learning_rate_monitor: the state holds no optax.inject_hyperparams state "
+                f"with a {self.name!r} hyperparameter. Build the optimizer with "
+                f"optax.inject_hyperparams(optax.adam)(learning_rate=...), or pass the "
+                f"schedule: learning_rate_monitor(schedule)."
+            )
+        return value
+
+    def __loop_callback__(self, loop_state: LoopState) -> Logs:
+        return Logs().add_metric(self.name, self.read(loop_state))
+
+    def on_train_batch_end(
+        self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
+    ) -> Logs | None:
+        if self._last is not None and elapsed.steps - self._last < self.steps:
+            return None
+        self._last = elapsed.steps
+        return self.__loop_callback__(loop_state)
+
+
+def learning_rate_monitor(
+    schedule: Callable[[Any], Any] | None = None, *, steps: int = 1, name: str = "learning_rate"
+) -> LearningRateMonitor:
+    """Logs the current learning rate as the metric ``learning_rate``.
+
+    Args:
+        schedule: an optax schedule, evaluated at the step count; without it, the value is
+            read from the ``optax.inject_hyperparams`` state inside the loop's state (on
+            device: no sync).
+        steps: log every ``steps`` steps (in ``train_loop``; in ``ciclo.loop`` the schedule
+            it is put under decides, ``every(steps)`` when spread with ``**``).
+        name: the hyperparameter to read, and the metric's name.
+
+    Example:
+        >>> import ciclo, optax, numpy as np
+        >>> lr = optax.linear_schedule(1.0, 0.0, transition_steps=4)
+        >>> step = lambda state, batch: state
+        >>> _, history, _ = ciclo.loop(None, [np.ones(1)] * 4, {ciclo.every(1): step,
+        ...                            **ciclo.learning_rate_monitor(lr)})
+        >>> [float(v) for v in history.collect("learning_rate")]
+        [1.0, 0.75, 0.5, 0.25]
+    """
+    return LearningRateMonitor(schedule, steps, name)

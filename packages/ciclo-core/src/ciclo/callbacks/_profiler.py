@@ -1,0 +1,117 @@
+"""``profiler``: a ``jax.profiler`` trace of a few steps, where TensorBoard's profile plugin,
+xprof and Perfetto read it."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+
+from .._loop._hooks import LoopCallbackBase
+from .._loop._state import LoopState
+from .._processes._outputs import check_output_process, writes_here
+from .._time._elapsed import Elapsed
+from .._time._schedules import Schedule, always
+
+__all__ = ["Profiler", "profiler"]
+
+
+class Profiler(LoopCallbackBase):
+    """Traces steps with ``jax.profiler``; made by :func:`profiler`."""
+
+    __loop_observer__ = True  # reads the loop only
+
+    def __init__(
+        self,
+        logdir: str | os.PathLike[str],
+        start: int | Schedule,
+        steps: int,
+        perfetto: bool,
+        process: int | None,
+    ) -> None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise TypeError(f"profiler(steps={steps!r}): expected how many steps to trace, >= 1")
+        if not callable(start) and (
+            isinstance(start, bool) or not isinstance(start, int) or start < 0
+        ):
+            raise TypeError(
+                f"profiler(start={start!r}): expected the step to start at (an int >= 0) or "
+                "a schedule (e.g. ciclo.every(1000))"
+            )
+        self.logdir = os.fspath(logdir)
+        self.start, self.steps, self.perfetto = start, steps, perfetto
+        self.process = check_output_process(process, "profiler")
+        self.traces: list[int] = []  #: the steps at which each trace started
+        self._stop_at: int | None = None
+
+    def default_schedule(self) -> Schedule:
+        """Spread with ``**`` into ``tasks``: asked at every step."""
+        return always()
+
+    def _due(self, elapsed: Elapsed) -> bool:
+        if callable(self.start):
+            return bool(self.start(elapsed))
+        return elapsed.steps == self.start and not self.traces
+
+    def stop(self, loop_state: LoopState) -> None:
+        """Ends the trace being taken (waiting for the device to finish the traced steps)."""
+        if self._stop_at is None:
+            return
+        jax.block_until_ready(loop_state.state)  # type: ignore[no-untyped-call]  # once per trace
+        jax.profiler.stop_trace()  # type: ignore[no-untyped-call]
+        self._stop_at = None
+
+    def __loop_callback__(self, loop_state: LoopState) -> None:
+        if not writes_here(self.process):
+            return
+        elapsed = loop_state.elapsed
+        if self._stop_at is not None and elapsed.steps >= self._stop_at:
+            self.stop(loop_state)
+        if self._stop_at is None and self._due(elapsed):
+            jax.profiler.start_trace(self.logdir, create_perfetto_trace=self.perfetto)
+            self._stop_at = elapsed.steps + self.steps
+            self.traces.append(elapsed.steps)
+
+    def __loop_end__(self, loop_state: LoopState, error: BaseException | None) -> None:
+        self.stop(loop_state)
+
+    def on_train_batch_begin(
+        self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
+    ) -> None:
+        self.__loop_callback__(loop_state)
+
+
+def profiler(
+    logdir: str | os.PathLike[str],
+    *,
+    start: int | Schedule = 10,
+    steps: int = 5,
+    perfetto: bool = False,
+    process: int | None = 0,
+) -> Profiler:
+    """Takes a ``jax.profiler`` trace of ``steps`` steps.
+
+    The trace starts at step ``start`` (after compilation, by default), or each time the
+    schedule ``start`` fires (``start=ciclo.every(1000)``), and is written under
+    ``logdir/plugins/profile/<run>/`` (``*.xplane.pb``), where TensorBoard's profile plugin
+    (``tensorboard --logdir logdir``) and xprof read it; with ``perfetto=True`` also a
+    ``perfetto_trace.json.gz`` for https://ui.perfetto.dev. The device is waited for once, at
+    the end of each trace; the loop's end ends a trace still running.
+
+    Args:
+        logdir: the directory of the traces (a TensorBoard log directory).
+        start: the step to start at, or a schedule.
+        steps: how many steps each trace covers.
+        perfetto: also write a Perfetto trace.
+        process: the process that traces (``None``: every process).
+
+    Returns:
+        a callback object: ``callbacks=[...]`` of :func:`ciclo.train_loop` (it runs before
+        each step), or spread with ``**`` first in :func:`ciclo.loop`'s tasks.
+
+    Example:
+        >>> import ciclo, tempfile
+        >>> trace = ciclo.profiler(tempfile.mkdtemp(), start=3, steps=2)  # doctest: +SKIP
+    """
+    return Profiler(logdir, start, steps, perfetto, process)
