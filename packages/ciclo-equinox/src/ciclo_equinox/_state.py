@@ -19,7 +19,7 @@ import jax
 import optax
 
 import ciclo
-from ciclo.adapters import AUTO, STATIC, AdapterState, Static, check_options, find_argument
+from ciclo.adapters import AUTO, STATIC, AdapterState, Static, check_options, detect_rng_arg
 
 __all__ = ["EquinoxState", "create_state"]
 
@@ -141,13 +141,8 @@ def _batch_size(inputs: Any, model: Any) -> int:
 
 def _detect_key_arg(model: Any, key_arg: str | None) -> str | None:
     """The ``__call__`` keyword given the step's RNG key: ``key`` when ``"auto"`` finds it."""
-    return find_argument(
-        model,
-        key_arg,
-        candidates=("key",),
-        option="key_arg",
-        what=f"{type(model).__name__}.__call__",
-        none_means="give the model no key",
+    return detect_rng_arg(
+        model, key_arg, f"{type(model).__name__}.__call__", candidates=("key",), option="key_arg"
     )
 
 
