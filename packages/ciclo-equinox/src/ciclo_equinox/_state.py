@@ -19,7 +19,7 @@ import jax
 import optax
 
 import ciclo
-from ciclo.adapters import AUTO, STATIC, AdapterState, Static, check_options, find_argument
+from ciclo.adapters import AUTO, STATIC, AdapterState, Static, check_options, detect_rng_arg
 
 __all__ = ["EquinoxState", "create_state"]
 
@@ -74,7 +74,17 @@ class EquinoxState(AdapterState):
         if key is None or self.key_arg is None:
             key = None
         if not self.vmap:
-            return self._call(model, inputs, model_state, key)
+            try:
+                return self._call(model, inputs, model_state, key)
+            except (TypeError, ValueError) as error:
+                if not self._runs_per_example(model, inputs, model_state, key):
+                    raise
+                raise type(error)(
+                    f"{type(model).__name__} failed on a batch of inputs ({error}), but it runs "
+                    f"on a single example: it is a per-example model (the usual Equinox "
+                    f"idiom). Use create_state(..., vmap=True) so ciclo vmaps it over the "
+                    f"batch."
+                ) from error
         batch_size = _batch_size(inputs, model)
         keys = None if key is None else jax.random.split(key, batch_size)
         try:
@@ -92,6 +102,19 @@ class EquinoxState(AdapterState):
                 f"between the examples of a batch; the state must be shared by the batch, as "
                 f"eqx.nn.BatchNorm's is (it averages over axis_name={self.axis_name!r})."
             ) from error
+
+    def _runs_per_example(self, model: Any, inputs: Any, model_state: Any, key: Any) -> bool:
+        """Whether the model, which failed on the batch, runs on its first example alone
+        (shapes only: nothing is computed)."""
+        leaves = jax.tree_util.tree_leaves(inputs)
+        if not leaves or not all(getattr(x, "ndim", 0) for x in leaves):
+            return False
+        example = jax.tree_util.tree_map(lambda x: x[0], inputs)
+        try:
+            jax.eval_shape(lambda x: self._call(model, x, model_state, key), example)
+        except Exception:
+            return False
+        return True
 
     def _call(self, model: Any, inputs: Any, model_state: Any, key: Any) -> tuple[Any, Any]:
         kwargs: dict[str, Any] = {} if key is None or self.key_arg is None else {self.key_arg: key}
@@ -141,13 +164,8 @@ def _batch_size(inputs: Any, model: Any) -> int:
 
 def _detect_key_arg(model: Any, key_arg: str | None) -> str | None:
     """The ``__call__`` keyword given the step's RNG key: ``key`` when ``"auto"`` finds it."""
-    return find_argument(
-        model,
-        key_arg,
-        candidates=("key",),
-        option="key_arg",
-        what=f"{type(model).__name__}.__call__",
-        none_means="give the model no key",
+    return detect_rng_arg(
+        model, key_arg, f"{type(model).__name__}.__call__", candidates=("key",), option="key_arg"
     )
 
 

@@ -24,6 +24,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from .._loop._hooks import restore_in_place
 from .._loop._state import LoopState
 from .._records._logs import Logs
 from . import _format
@@ -115,7 +116,7 @@ def resume(directory: str | os.PathLike[str], loop_state: LoopState) -> Iterable
         manager.close()
     where = f"checkpoint {contents.step} in {path!r}"
     load_tasks(loop_state.tasks, contents, where)
-    loop_state.state = contents.state
+    loop_state.state = restore_in_place(loop_state.state, contents.state)
     loop_state.elapsed = contents.elapsed
     loop_state.initial_elapsed = contents.initial_elapsed
     loop_state.history.load_state_dict(contents.history)

@@ -36,6 +36,9 @@ never probes a callback with ``hasattr`` elsewhere: it asks the helpers of this 
     A callback object may pose as the mapping ``{its default schedule: itself}``, so it can
     be spread into ``tasks`` with ``**`` (``{**ciclo.keras_bar(1000)}``).
 
+In-place restore (:func:`register_restore_in_place`): a type whose objects a resumed loop
+updates in place instead of replacing (mutable models captured by a step's closure).
+
 Named hooks (``on_train_batch_end(state, batch, elapsed, loop_state)``, ...): a callback
 object in ``callbacks=[...]`` of ``train_loop`` / ``test_loop`` / ``predict_loop`` defines
 methods named after the moments of those loops (listed in :mod:`ciclo._loops._named`);
@@ -69,6 +72,8 @@ __all__ = [
     "named_hooks",
     "as_logs",
     "describe",
+    "register_restore_in_place",
+    "restore_in_place",
 ]
 
 
@@ -256,3 +261,117 @@ def describe(value: Any) -> str:
         return f"a dict with keys {list(value)[:5]}"
     text = repr(value)
     return f"{type(value).__name__} {text[:60]}"
+
+
+# --- restoring objects in place -----------------------------------------------------------
+#: ``restore_into(original, restored)``: copies the restored values into ``original``.
+RestoreInto = Callable[[Any, Any], None]
+
+_IN_PLACE: dict[type, RestoreInto] = {}
+_IN_PLACE_ENTRY_POINTS = "ciclo.restore_in_place"
+_in_place_loaded: set[str] = set()  # the entry points already run
+
+
+def register_restore_in_place(node_type: type, restore_into: RestoreInto) -> None:
+    """Declares that the objects of ``node_type`` in a loop's state are restored *in place*
+    when the loop resumes (``loop(..., resume=...)``): ``restore_into(original, restored)``
+    copies the checkpoint's values into the object the state held, and the state keeps that
+    object, so code that holds it too (a step closing over a mutable model and optimizer,
+    as the Flax NNX tutorial's steps do) sees the restored values.
+
+    Adapters register their framework's mutable objects (``ciclo_flax`` registers
+    ``nnx.Module`` and ``nnx.Optimizer`` with ``nnx.update``, on import and through the
+    ``ciclo.restore_in_place`` entry-point group, whose functions core runs before a loop
+    first resumes). Every other value of the state is replaced by the restored one.
+
+    Args:
+        node_type: a pytree node class (subclasses match too).
+        restore_into: ``(original, restored) -> None``.
+
+    Example:
+        >>> import ciclo, jax, numpy as np
+        >>> class Box:  # a mutable pytree node
+        ...     def __init__(self, value):
+        ...         self.value = value
+        >>> jax.tree_util.register_pytree_node(
+        ...     Box, lambda b: ((b.value,), None), lambda _, children: Box(children[0])
+        ... )
+        >>> def copy_into(original, restored):
+        ...     original.value = restored.value
+        >>> ciclo.adapters.register_restore_in_place(Box, copy_into)
+        >>> box = Box(np.zeros(2))
+        >>> state = restore_in_place({"box": box, "n": 0}, {"box": Box(np.ones(2)), "n": 3})
+        >>> state["box"] is box, box.value.tolist(), state["n"]
+        (True, [1.0, 1.0], 3)
+    """
+    if not isinstance(node_type, type):
+        raise TypeError(
+            f"register_restore_in_place(node_type, restore_into): node_type must be a class, "
+            f"got {node_type!r}."
+        )
+    if not callable(restore_into):
+        raise TypeError(
+            f"register_restore_in_place({node_type.__name__}, restore_into): restore_into "
+            f"must be a function (original, restored) -> None, got {restore_into!r}."
+        )
+    _IN_PLACE[node_type] = restore_into
+
+
+def _load_in_place_entry_points() -> None:
+    """Runs the registrations installed adapters declare under the
+    ``ciclo.restore_in_place`` entry-point group, each once, for the frameworks already
+    imported (the entry point's name; a state cannot hold objects of another). A broken one
+    is a warning."""
+    import sys
+    import warnings
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=_IN_PLACE_ENTRY_POINTS):
+        if entry.name in _in_place_loaded or entry.name not in sys.modules:
+            continue
+        _in_place_loaded.add(entry.name)
+        try:
+            entry.load()()
+        except Exception as error:
+            warnings.warn(
+                f"ciclo: the in-place restore {entry.name!r} ({entry.value}) failed: "
+                f"{error!r}; objects it registers are replaced on resume, not updated.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
+def _restorer(node: Any) -> RestoreInto | None:
+    for node_type, restore_into in _IN_PLACE.items():
+        if isinstance(node, node_type):
+            return restore_into
+    return None
+
+
+def restore_in_place(original: Any, restored: Any) -> Any:
+    """``restored`` (a state read from a checkpoint in the structure of ``original``), in
+    which every object of a type registered with :func:`register_restore_in_place` is the
+    object of ``original``, updated in place with its restored values."""
+    _load_in_place_entry_points()
+    if not _IN_PLACE:
+        return restored
+    import jax
+
+    def is_leaf(node: Any) -> bool:
+        return _restorer(node) is not None
+
+    originals, treedef = jax.tree_util.tree_flatten(original, is_leaf=is_leaf)
+    if not any(is_leaf(node) for node in originals):
+        return restored
+    news, new_treedef = jax.tree_util.tree_flatten(restored, is_leaf=is_leaf)
+    if new_treedef != treedef:  # type: ignore[operator]
+        return restored
+    leaves = []
+    for old, new in zip(originals, news, strict=True):
+        restore_into = _restorer(old)
+        if restore_into is not None and type(new) is type(old):
+            restore_into(old, new)
+            leaves.append(old)
+        else:
+            leaves.append(new)
+    return jax.tree_util.tree_unflatten(treedef, leaves)

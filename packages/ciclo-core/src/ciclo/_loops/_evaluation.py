@@ -56,6 +56,7 @@ def evaluation_sets(
                 f"(it is called at each evaluation), got {type(factory).__name__}. "
                 f"Example: {where}=lambda: make_batches(x_test, y_test)."
             )
+    _check_late_binding(factories)
     if isinstance(test_duration, Mapping):
         unknown = [name for name in test_duration if name not in factories]
         if unknown:
@@ -75,3 +76,50 @@ def evaluation_sets(
         )
         for name, factory in factories.items()
     }
+
+
+def _same_function(a: Any, b: Any) -> bool:
+    """Whether two functions are the same code over the same values (a lambda made twice
+    in a loop, closing over the loop variable: both read its last value)."""
+    code = getattr(a, "__code__", None)
+    if code is None or code is not getattr(b, "__code__", None):
+        return False
+    if getattr(a, "__defaults__", None) != getattr(b, "__defaults__", None):
+        return False
+    if getattr(a, "__kwdefaults__", None) != getattr(b, "__kwdefaults__", None):
+        return False
+    cells_a, cells_b = a.__closure__ or (), b.__closure__ or ()
+    if not cells_a:  # no free variable: no late binding (the same function given twice)
+        return False
+    try:
+        return all(
+            x.cell_contents is y.cell_contents for x, y in zip(cells_a, cells_b, strict=False)
+        )
+    except ValueError:  # an empty cell
+        return False
+
+
+def _check_late_binding(factories: Mapping[str, Any]) -> None:
+    """Rejects evaluation sets whose factories are the same function over the same values:
+    Python's late binding, as in ``{name: lambda: batches(data[name]) for name in names}``,
+    where every lambda reads the loop's last ``name`` and all sets would be the same data.
+
+    Example:
+        >>> sets = {name: lambda: [name] for name in ("valid", "test")}
+        >>> _check_late_binding(sets)
+        Traceback (most recent call last):
+        ...
+        ValueError: test_dataset['valid'] and test_dataset['test'] are the same function ...
+    """
+    names = list(factories)
+    for i, first in enumerate(names):
+        for second in names[i + 1 :]:
+            if _same_function(factories[first], factories[second]):
+                raise ValueError(
+                    f"test_dataset[{first!r}] and test_dataset[{second!r}] are the same "
+                    f"function of the same values, so both would evaluate the same data: "
+                    f"Python binds a lambda's variables when it is called, not when it is "
+                    f"made, so lambdas made in a loop all see the loop's last value. Bind "
+                    f"the value as a default: {{name: lambda name=name: make_batches(name) "
+                    f"for name in names}}, or use functools.partial(make_batches, name)."
+                )

@@ -8,6 +8,7 @@ from typing import Any
 
 from .._loop._callback import as_callback
 from .._loop._engine import loop
+from .._loop._state import LoopState
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period
@@ -15,9 +16,9 @@ from .._time._schedules import always
 from .._time._units import period_unit
 from ..callbacks._inner_loop import inner_loop
 from ._clock import EpochClock
-from ._evaluation import evaluation_sets
+from ._evaluation import EvaluationSet, evaluation_sets
 from ._named import NAMED_SCHEDULES, moments
-from ._registry import Registry, check_no_hooks, loop_tasks
+from ._registry import Hook, Registry, check_no_hooks, loop_tasks
 from ._test import test_loop
 
 __all__ = ["train_loop"]
@@ -35,6 +36,8 @@ def train_loop(
     epoch_duration: int | Period | None = None,
     test_duration: int | Period | Mapping[str, int | Period | None] | None = None,
     test_name: str = "test",
+    test_at_start: bool = False,
+    test_at_end: bool = False,
     stop: int | Period | None = None,
     batch_size_fn: Callable[[Any], int] | None = None,
     history: History | None = None,
@@ -65,7 +68,19 @@ def train_loop(
     An epoch ends after the step whose count *after* the step crosses a multiple of
     ``epoch_duration`` (steps 0..9 are epoch 1 for ``epoch_duration=10``): evaluation never
     runs after step 0. Without ``epoch_duration`` the whole run is one epoch, evaluated and
-    ended in ``on_train_end``'s place. A last epoch cut short by ``stop`` is not evaluated.
+    ended in ``on_train_end``'s place. A last epoch cut short (by ``stop``, the dataset's
+    end or a stopping callback) is neither evaluated nor ended, unless ``test_at_end=True``:
+    then it is, in ``on_train_end``'s place (off by default, so that a run stopped and
+    resumed later equals one that never stopped). ``test_at_start=True`` also evaluates
+    every set before the first step (after ``on_train_begin``; not again on resume).
+
+    Step labels: an evaluation is labelled with the ``elapsed.steps`` of the moment it runs,
+    as every callback is: the row of the training step it follows (the count *before* that
+    step: 7 for the evaluation after the 8th step), and the loop's count in ``on_start`` /
+    ``on_end`` (0 for ``test_at_start``, the number of steps for a run without epochs or
+    a cut epoch evaluated by ``test_at_end``).
+    History, the CSV and TensorBoard loggers and ``ciclo.loop`` callbacks all use it; a
+    checkpoint saved at that step holds one step more, and is named after that count (8).
 
     The evaluation's metrics (sample-weighted over the evaluation set, see
     :func:`test_loop`) are renamed ``<name>_<test_name>`` (``accuracy_test``) and join the
@@ -100,6 +115,10 @@ def train_loop(
             ``{name: duration}`` sets it per evaluation set.
         test_name: the suffix of evaluation entries of a single ``test_dataset`` (with a
             dict, its keys).
+        test_at_start: evaluate before training too (the untrained model's metrics, in the
+            row of ``on_start``).
+        test_at_end: evaluate and end a last epoch cut short (by ``stop``, the dataset's
+            end or a stopping callback), after the last step.
         stop: when to stop (an int or a ``ciclo.at(...)``); by default the dataset's end.
         batch_size_fn: ``batch -> int`` to count samples (leading dimension by default).
         history, elapsed, metadata: as in :func:`ciclo.loop`.
@@ -147,8 +166,11 @@ def train_loop(
         NAMED_SCHEDULES[n]: [as_callback(c) for c in named[n]] for n in moments("test") if named[n]
     }
 
+    runs = dict.fromkeys(sets, 0)  # evaluations run by this loop, per set
+
     def evaluation(name: str, make_dataset: Callable[[], Iterable[Any]]) -> Any:
         def run_test(state: Any) -> tuple[Any, Logs, Elapsed]:
+            runs[name] += 1
             return test_loop(
                 state,
                 make_dataset(),
@@ -172,17 +194,26 @@ def train_loop(
             (clock.ends(), named["on_epoch_end"]),
         ),
     }
+    start: list[Any] = [clock.bind, *named["on_train_begin"]]
+    if test_at_start and evaluations:
+        start.append(Hook("train_loop test_at_start", _evaluate_at_start(evaluations)))
     on_end: list[Any] = []
+    if test_at_end and epoch is not None:  # a last epoch cut short ends here
+        last = [evaluations[name] for name, (_, duration) in sets.items() if not duration]
+        on_end += [_if_cut(clock, callback) for callback in last + named["on_epoch_end"]]
     if epoch is None:  # the whole run is one epoch: it ends with the loop
         on_end += [evaluations[name] for name, (_, duration) in sets.items() if not duration]
         on_end += named["on_epoch_end"]
     on_end += named["on_train_end"]
+    history = History() if history is None else history
+    if sets:
+        history.hint_missing(_why_not_evaluated(sets, runs, epoch, stop))
     return loop(
         state,
         train_dataset,
         train_tasks,
         stop=stop,
-        on_start=[clock.bind, *named["on_train_begin"]],
+        on_start=start,
         on_end=on_end,
         history=history,
         elapsed=elapsed,
@@ -190,3 +221,62 @@ def train_loop(
         metadata=metadata,
         **loop_kwargs,
     )
+
+
+def _if_cut(clock: EpochClock, callback: Any) -> Hook:
+    """``callback`` in ``on_end``, run only when the last step did not end an epoch."""
+    wrapped = as_callback(callback)
+
+    def run(loop_state: LoopState) -> Any:
+        if clock.first or clock.ended:  # no step in this loop, or the epoch ended
+            return None
+        return wrapped(loop_state)
+
+    return Hook(f"train_loop test_at_end: {wrapped.name}", run)
+
+
+def _evaluate_at_start(
+    evaluations: Mapping[str, Callable[[Any], tuple[Logs, Any]]],
+) -> Callable[[LoopState], Logs | None]:
+    """The ``on_start`` hook of ``test_at_start=True``: every set evaluated on the state
+    before training (skipped on resume: the checkpoint's history holds those rows)."""
+
+    def evaluate(loop_state: LoopState) -> Logs | None:
+        if loop_state.resumed:
+            return None
+        logs = Logs()
+        for run in evaluations.values():
+            logs.merge(run(loop_state.state)[0])
+        return logs
+
+    return evaluate
+
+
+def _why_not_evaluated(
+    sets: Mapping[str, EvaluationSet],
+    runs: Mapping[str, int],
+    epoch: tuple[str, float] | None,
+    stop: int | Period | None,
+) -> Callable[[str], str | None]:
+    """Says, for a history key of an evaluation set that never ran, why it did not."""
+
+    def why(key: str) -> str | None:
+        for name, (_, duration) in sets.items():
+            if not key.endswith(f"_{name}") or runs[name]:
+                continue
+            period = duration or epoch
+            when = (
+                "at the end of the run"
+                if period is None
+                else f"after each {period[1]:g} {period[0]} of training"
+                + (" (test_duration)" if duration else " (epoch_duration)")
+            )
+            return (
+                f"No evaluation of {name!r} ran in train_loop: it runs {when}, and the run "
+                f"(stop={stop!r}) ended before the first one; a last epoch cut short is not "
+                f"evaluated by default. Give a shorter epoch_duration or test_duration, or "
+                f"test_at_end=True (evaluate a last epoch cut short), or test_at_start=True."
+            )
+        return None
+
+    return why

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time as _time
 from array import array
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -162,6 +162,7 @@ class History:
             "date": array("d"),
         }
         self._columns: dict[str, _Column] = {}  # "collection.name" -> column
+        self._missing_hints: list[Callable[[str], str | None]] = []  # see hint_missing
         self._lookup: dict[str, dict[str, _Column]] = {}  # the same, by collection and name
         self._num_rows = 0
         # Committed values not yet fetched: (collection, name) -> (rows, values).
@@ -374,7 +375,25 @@ class History:
                 f"Ask for one of them by its full name."
             )
         available = sorted([f"elapsed.{f}" for f in _ELAPSED_FIELDS] + list(columns))
-        raise KeyError(f"history has no key {key!r}; available keys: {available}")
+        hints = [text for hint in self._missing_hints if (text := hint(key))]
+        raise KeyError(
+            " ".join([f"history has no key {key!r}; available keys: {available}.", *hints])
+        )
+
+    def hint_missing(self, hint: Callable[[str], str | None]) -> None:
+        """Adds ``hint(key) -> str | None`` to the error of a ``collect`` of a key no row
+        has: the one who was to log it says why it did not (``train_loop`` says why an
+        evaluation never ran). Hints are not saved with the history.
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> history.hint_missing(lambda key: "Logged at the end." if key == "f1" else None)
+            >>> history.collect("f1")
+            Traceback (most recent call last):
+            KeyError: "history has no key 'f1'; available keys: [...]. Logged at the end."
+        """
+        self._missing_hints.append(hint)
 
     def collect(self, *keys: str) -> Any:
         """Values of ``keys`` over the rows where all of them exist.

@@ -13,6 +13,7 @@ Example:
     Batch(inputs=1, targets=2, sample_weight=None)
 """
 
+from .._loop._hooks import register_restore_in_place as register_restore_in_place
 from ._adapter import BATCH_OPTIONS as BATCH_OPTIONS
 from ._adapter import STATIC as STATIC
 from ._adapter import Adapter as Adapter
@@ -35,9 +36,12 @@ from ._discovery import get_adapter as get_adapter
 from ._discovery import installed_adapters as installed_adapters
 from ._discovery import register_adapter as register_adapter
 from ._training import AUTO as AUTO
+from ._training import EXTRAS as EXTRAS
 from ._training import INVERTED_FLAGS as INVERTED_FLAGS
 from ._training import TRAINING_FLAGS as TRAINING_FLAGS
+from ._training import detect_rng_arg as detect_rng_arg
 from ._training import detect_training_arg as detect_training_arg
 from ._training import find_argument as find_argument
+from ._training import requested_extras as requested_extras
 from ._training import stream_keys as stream_keys
 from ._training import training_kwargs as training_kwargs

@@ -26,6 +26,7 @@ import optax
 from .._records._logs import Logs
 from ..managed._state import ManagedState, step, train_step, unknown_name_error
 from ..managed._strategies import Strategy
+from ._training import requested_extras
 
 __all__ = [
     "Adapter",
@@ -329,13 +330,18 @@ class Static:
 
 
 class _NamedFunctions(Mapping[str, Any]):
-    """An immutable, hashable ``{name: function}`` (a static field of a jitted state)."""
+    """An immutable, hashable ``{name: function}`` (a static field of a jitted state), with
+    the extra arguments each function asks for by name (``params``, ``state``), read once."""
 
-    __slots__ = ("_hash", "_items")
+    __slots__ = ("_hash", "_items", "extras")
 
     def __init__(self, items: Mapping[str, Any]) -> None:
         self._items = dict(items)
         self._hash = hash(tuple(self._items.items()))
+        self.extras = {
+            name: () if is_stateful_metric(fn) else requested_extras(fn)
+            for name, fn in self._items.items()
+        }
 
     def __getitem__(self, name: str) -> Any:
         return self._items[name]
@@ -529,8 +535,12 @@ class AdapterState(ManagedState):
             params: the trainable parameters.
             tx: an optax optimizer (``None`` for a state only evaluated or used to predict).
             losses: ``{name: fn(preds, targets)}``, each returning a scalar or per-example
-                values (optax losses work as they are); their sum is the objective.
-            metrics: ``{name: fn(preds, targets)}`` like losses, or
+                values (optax losses work as they are); their sum is the objective. A loss
+                may ask for ``params`` (the trainable parameters, differentiated: weight
+                decay) or ``state`` (the whole state) by parameter name:
+                ``fn(preds, targets, params)``.
+            metrics: ``{name: fn(preds, targets)}`` like losses (``params`` and ``state``
+                too), or
                 :class:`StatefulMetric` objects for metrics that are not means.
             model_state: the model's mutable state (``None`` if it has none).
             key: an RNG key or int seed for dropout and other randomness (``None``: seed 0).
@@ -572,19 +582,39 @@ class AdapterState(ManagedState):
         logs = Logs()
         w = batch.sample_weight
         for name, fn in self.losses.items():
-            logs.add_loss(name, reduce_values(fn(preds, batch.targets), w, kind="loss", name=name))
+            value = self._call_loss(self.losses, name, fn, preds, batch.targets)
+            logs.add_loss(name, self._reduce(self.losses, name, value, w, "loss"))
         metric_states = dict(self.metric_states)
         for name, metric in self.metrics.items():
             if is_stateful_metric(metric):
                 metric_states[name] = metric.update(metric_states[name], preds, batch.targets, w)
                 logs.add_stateful_metric(name, metric.compute(metric_states[name]))
             else:
-                value = metric(preds, batch.targets)
-                logs.add_metric(name, reduce_values(value, w, kind="metric", name=name))
+                value = self._call_loss(self.metrics, name, metric, preds, batch.targets)
+                logs.add_metric(name, self._reduce(self.metrics, name, value, w, "metric"))
         changes: dict[str, Any] = {"metric_states": metric_states}
         if training:
             changes["model_state"] = model_state
         return logs, self.replace(**changes)
+
+    def _call_loss(
+        self, functions: Mapping[str, Any], name: str, fn: Any, preds: Any, targets: Any
+    ) -> Any:
+        """``fn(preds, targets)``, with ``params=`` / ``state=`` when ``fn`` asks for them
+        (in ``train_step`` ``params`` are the differentiated ones: gradients flow)."""
+        extras = getattr(functions, "extras", {}).get(name, ())
+        if not extras:
+            return fn(preds, targets)
+        given = {"params": self.params, "state": self}
+        return fn(preds, targets, **{extra: given[extra] for extra in extras})
+
+    @staticmethod
+    def _reduce(functions: Mapping[str, Any], name: str, value: Any, w: Any, kind: str) -> Any:
+        # A term on params or the state (weight decay) is one value for the batch: sample
+        # weights do not apply to it.
+        if w is not None and getattr(functions, "extras", {}).get(name) and jnp.ndim(value) == 0:
+            w = None
+        return reduce_values(value, w, kind=kind, name=name)
 
     def _require_losses(self, step_name: str) -> None:
         if not self.losses:

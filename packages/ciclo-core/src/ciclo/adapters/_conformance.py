@@ -102,6 +102,7 @@ CHECKS = (
     "sample_weights",
     "mapping_batches",
     "losses_and_metrics",
+    "losses_with_params",
     "data_parallel",
     "resume_from_arrays",
     "checkpoint",
@@ -446,6 +447,22 @@ class AdapterConformance:
         assert float(logs.stateful_metrics.exact_accuracy) == pytest.approx(
             float(logs.metrics.accuracy), abs=1e-6
         )
+
+    def test_losses_with_params(self) -> None:
+        """A loss that asks for ``params`` by name gets the differentiated parameters: the
+        gradient of ``0.5 * c * |params|^2`` is ``c * params`` (weight decay)."""
+        self._check("losses_with_params")
+        decay = 0.1
+
+        def l2(preds: Any, targets: Any, params: Any) -> Any:
+            return 0.5 * decay * sum(jnp.sum(p**2) for p in jax.tree_util.tree_leaves(params))
+
+        state = self.state(tx=optax.sgd(1.0), losses={"l2": l2})
+        x, y = classification_data(BATCH, seed=15)
+        logs, trained = state.train_step((x, y))
+        assert float(logs.losses.l2) == pytest.approx(float(l2(None, None, state.params)))
+        expected = jax.tree_util.tree_map(lambda p: p - decay * p, state.params)
+        _assert_trees_close(trained.params, expected, "l2 gradient", rtol=1e-5, atol=1e-7)
 
     def test_data_parallel(self) -> None:
         """``strategy="data-parallel"`` over every device computes what ``"jit"`` does."""

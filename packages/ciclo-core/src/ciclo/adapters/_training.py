@@ -1,6 +1,7 @@
 """How an adapter calls a model, written once for every framework: which argument of its
-``__call__`` says whether it trains (and the keyword arguments that set it), and the keys of
-its RNG streams, derived from the step's key.
+``__call__`` says whether it trains (and the keyword arguments that set it), which takes
+randomness at call time (``key``, ``rngs``), the keys of its RNG streams, derived from the
+step's key, and which extra arguments a loss asks for by name (``params``, ``state``).
 
 An adapter keeps only what is specific to its framework (where the signature comes from,
 which flags its models use); the detection, the errors and the key derivation live here.
@@ -17,10 +18,13 @@ import jax
 
 __all__ = [
     "AUTO",
+    "EXTRAS",
     "INVERTED_FLAGS",
     "TRAINING_FLAGS",
+    "detect_rng_arg",
     "detect_training_arg",
     "find_argument",
+    "requested_extras",
     "stream_keys",
     "training_kwargs",
 ]
@@ -136,6 +140,67 @@ def detect_training_arg(
         what=what,
         none_means="set no flag",
     )
+
+
+def detect_rng_arg(
+    call: inspect.Signature | Callable[..., Any] | None,
+    rng_arg: str | None,
+    what: str,
+    *,
+    candidates: Sequence[str],
+    option: str,
+) -> str | None:
+    """The argument of ``call`` that takes randomness at call time (Equinox's ``key``,
+    NNX's ``rngs``), or ``None``: :func:`find_argument` for an adapter's ``key_arg`` /
+    ``rngs_arg`` option, detected like the training flag.
+
+    Args:
+        call: the model's ``__call__`` (or its signature).
+        rng_arg: ``"auto"`` (look for one of ``candidates``), an argument name, or ``None``
+            (pass no randomness at call time).
+        what: what is called, for errors (``"CNN.__call__"``).
+        candidates: the names ``"auto"`` looks for (``("rngs",)`` for NNX).
+        option: the option's name, for errors (``"rngs_arg"``).
+
+    Example:
+        >>> import ciclo
+        >>> def forward(x, rngs=None): ...
+        >>> ciclo.adapters.detect_rng_arg(
+        ...     forward, "auto", "forward", candidates=("rngs",), option="rngs_arg"
+        ... )
+        'rngs'
+    """
+    return find_argument(
+        call,
+        rng_arg,
+        candidates=candidates,
+        option=option,
+        what=what,
+        none_means="pass no randomness at call time",
+    )
+
+
+#: What a loss or metric may ask for by parameter name, beyond ``(preds, targets)``.
+EXTRAS = ("params", "state")
+
+
+def requested_extras(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The extra values ``fn(preds, targets, ...)`` asks for by parameter name, among
+    :data:`EXTRAS`: ``params`` (the trainable parameters, differentiated in a training
+    step: a regularizer's gradient flows through them) and ``state`` (the whole state).
+
+    Example:
+        >>> import ciclo
+        >>> def l2(preds, targets, params): ...
+        >>> ciclo.adapters.requested_extras(l2)
+        ('params',)
+        >>> ciclo.adapters.requested_extras(lambda preds, targets: 0.0)
+        ()
+    """
+    parameters = _parameters(fn)
+    if parameters is None:
+        return ()
+    return tuple(name for name in EXTRAS if name in parameters)
 
 
 def training_kwargs(training_arg: str | None, training: bool) -> dict[str, bool]:
