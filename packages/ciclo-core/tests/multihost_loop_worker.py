@@ -17,6 +17,29 @@ from pathlib import Path
 STEPS, BATCH, DIM = 40, 8, 3
 
 
+class Positioned:
+    """A dataset with its own position (``state_dict``/``load_state_dict``), per process."""
+
+    def __init__(self, batches, process, seen):
+        self.batches, self.process, self.seen, self.position = batches, process, seen, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.position >= len(self.batches):
+            raise StopIteration
+        self.position += 1
+        return self.batches[self.position - 1]
+
+    def state_dict(self):
+        return {"process": self.process, "position": self.position}
+
+    def load_state_dict(self, state):
+        self.seen["loaded"] = dict(state)
+        self.position = state["position"]
+
+
 def main(scenario: str, process: int, port: int, out_dir: str, options: dict) -> None:
     import jax
 
@@ -109,8 +132,11 @@ def main(scenario: str, process: int, port: int, out_dir: str, options: dict) ->
             each_step.append(preempt)
         tasks[ciclo.every(1000)] = checkpoint
         kwargs["resume"] = checkpoint
-    elif scenario == "bar":
+        if options.get("stateful"):
+            batches = Positioned(batches, process, seen)
+    elif scenario == "outputs":
         tasks.update(ciclo.keras_bar(STEPS, file=sys.stdout, plain_interval=0.0))
+        tasks[ciclo.every(1)] = [ciclo.csv_logger(out / "log.csv"), ciclo.tensorboard_logger(out)]
     elif scenario == "test_duration":
         test = [(x[mine], y[mine]) for x, y in zip(xs[:2], ys[:2], strict=True)]
 

@@ -108,15 +108,18 @@ def test_a_raise_on_one_process_ends_both_with_an_error(tmp_path):
     assert seconds < 60
 
 
-def test_sigterm_to_one_process_stops_both_at_one_step_with_a_checkpoint(tmp_path):
+@pytest.mark.parametrize("stateful", [False, True], ids=["replayed", "stateful-dataset"])
+def test_sigterm_to_one_process_stops_both_at_one_step_with_a_checkpoint(tmp_path, stateful):
     plain = tmp_path / "plain"
-    codes, outputs, _ = run_pair("sigterm", plain)
+    codes, outputs, _ = run_pair("sigterm", plain, stateful=stateful)
     check_ok(codes, outputs)
     uninterrupted = results(plain)[0]
 
     run = tmp_path / "run"
     # JAX's preemption sync point picks a step about 0.1-0.5 s after the notice: 50 ms steps
-    codes, outputs, seconds = run_pair("sigterm", run, interrupt=True, step_sleep=0.05)
+    codes, outputs, seconds = run_pair(
+        "sigterm", run, interrupt=True, step_sleep=0.05, stateful=stateful
+    )
     assert codes == [128 + signal.SIGTERM] * 2, outputs
     assert seconds < 60
     first, second = results(run)
@@ -126,16 +129,21 @@ def test_sigterm_to_one_process_stops_both_at_one_step_with_a_checkpoint(tmp_pat
     saved = sorted(int(p.name) for p in (run / "ckpt").iterdir() if p.name.isdigit())
     assert saved[-1] == first["steps"]  # the save at the stop (every(1000) also saved step 1)
 
-    codes, outputs, _ = run_pair("sigterm", run)  # both resume from that checkpoint
+    codes, outputs, _ = run_pair("sigterm", run, stateful=stateful)  # both resume
     check_ok(codes, outputs)
-    for resumed in results(run):
+    for process, resumed in enumerate(results(run)):
+        if stateful:  # each process continues its own data position
+            assert resumed["loaded"] == {"process": process, "position": first["steps"]}
         assert resumed["steps"] == 40
         np.testing.assert_allclose(resumed["w"], uninterrupted["w"], rtol=1e-6)
         np.testing.assert_allclose(resumed["b"], uninterrupted["b"], rtol=1e-6)
 
 
-def test_the_bar_is_drawn_by_process_0_only(tmp_path):
-    codes, outputs, _ = run_pair("bar", tmp_path)
+def test_outputs_are_written_once_by_process_0(tmp_path):
+    codes, outputs, _ = run_pair("outputs", tmp_path)
     check_ok(codes, outputs)
     assert "40/40 [" in outputs[0]
     assert "/40 [" not in outputs[1]
+    rows = (tmp_path / "log.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in rows[1:]] == [str(step) for step in range(40)]
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1

@@ -62,6 +62,7 @@ import numpy as np
 
 from .._loop._hooks import is_stateful
 from .._loop._state import LoopState
+from .._processes._agreement import gather_to_all
 from .._records import _host
 from .._time._elapsed import Elapsed
 
@@ -509,6 +510,8 @@ def _items(loop_state: LoopState) -> dict[str, Any]:
             "dataset": dataset.state_dict() if is_stateful_dataset(dataset) else None,
         }
     )
+    if live["dataset"] is not None and jax.process_count() > 1:
+        live["dataset"] = {PER_PROCESS: _gather_data_state(live["dataset"])}
     arrays: dict[str, np.ndarray] = {}
     meta = {
         "format": FORMAT,
@@ -647,8 +650,49 @@ def read(manager: Any, path: str, step: int, target: Any, *, copies: bool = True
         callbacks=[(c["name"], c["state"]) for c in meta["callbacks"]],
         logs=meta["logs"],
         data_position=int(meta["data"]["position"]),
-        data_state=meta["data"]["state"],
+        data_state=_own_data_state(meta["data"]["state"]),
     )
+
+
+#: The key of the data state of a run of several processes: one state per process.
+PER_PROCESS = "per_process"
+
+
+def _gather_data_state(state: Any) -> list[Any]:
+    """Every process's dataset ``state_dict()``, in process order (each process draws its
+    own part of the data, so each has its own position)."""
+    try:
+        return gather_to_all("data-state", _json_ready(state))
+    except TypeError as error:
+        raise TypeError(
+            f"with several processes, a dataset's state_dict() must hold JSON values (numbers, "
+            f"strings, lists, dicts) so that process 0 can save every process's state: "
+            f"{error}. Return plain values from the dataset's state_dict()."
+        ) from None
+
+
+def _json_ready(value: Any) -> Any:
+    if isinstance(value, np.ndarray | np.generic):
+        return value.tolist()
+    if isinstance(value, Mapping):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(v) for v in value]
+    return value
+
+
+def _own_data_state(saved: Any) -> Any:
+    """This process's dataset state out of what a checkpoint holds."""
+    if not (isinstance(saved, Mapping) and set(saved) == {PER_PROCESS}):
+        return saved
+    states = saved[PER_PROCESS]
+    if len(states) != jax.process_count():
+        raise ValueError(
+            f"the checkpoint holds the dataset states of {len(states)} processes, and this run "
+            f"has {jax.process_count()}: resume with as many processes as the interrupted run "
+            "(each continues its own part of the data)."
+        )
+    return states[jax.process_index()]
 
 
 def best_step(manager: Any, path: str) -> int:

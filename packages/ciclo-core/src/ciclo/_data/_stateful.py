@@ -3,8 +3,8 @@
 ``load_state_dict()`` pair that a checkpoint saves with each step, so a resumed run continues
 from the iterator's own state instead of replaying batches.
 
-With several processes, each process's iterator has its own state: every process saves the
-states of all (gathered at each save) and each loads its own back.
+With several processes, each process's iterator has its own state: a checkpoint holds every
+process's (``_checkpoint/_format.py``) and each process loads its own back.
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any
-
-import jax
-import numpy as np
 
 __all__ = ["StatefulDataset", "stateful_dataset"]
 
@@ -34,23 +31,6 @@ def _decode(saved: Mapping[str, Any]) -> Any:
     if "bytes" in saved:
         return str(saved["bytes"]).encode("utf-8")
     return json.loads(str(saved["json"]))
-
-
-def _gather(text: str) -> list[str]:
-    """``text`` of every process, in process order (one all-gather; one process: no-op)."""
-    if jax.process_count() == 1:
-        return [text]
-    from jax.experimental import multihost_utils
-
-    data = np.frombuffer(text.encode("utf-8"), np.uint8)
-    sizes = multihost_utils.process_allgather(np.array([data.size], np.int64))
-    padded = np.zeros(int(np.max(sizes)), np.uint8)
-    padded[: data.size] = data
-    everything = np.asarray(multihost_utils.process_allgather(padded))
-    return [
-        bytes(row[: int(n)]).decode("utf-8")
-        for row, n in zip(everything, np.ravel(sizes), strict=True)
-    ]
 
 
 class StatefulDataset:
@@ -97,24 +77,13 @@ class StatefulDataset:
         return batch
 
     def state_dict(self) -> dict[str, Any]:
-        """The iterator's state (every process's, by process index), as JSON values."""
-        texts = _gather(json.dumps(_encode(self.iterator.get_state())))
-        return {"processes": [json.loads(t) for t in texts]}
+        """This process's iterator state, as JSON values (with several processes, a
+        checkpoint holds every process's, and gives each its own back)."""
+        return _encode(self.iterator.get_state())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Puts back this process's iterator state.
-
-        Raises:
-            ValueError: the checkpoint was written by a different number of processes.
-        """
-        saved = list(state["processes"])
-        if len(saved) != jax.process_count():
-            raise ValueError(
-                f"stateful_dataset: the checkpoint holds the iterator states of {len(saved)} "
-                f"processes; this run has {jax.process_count()}. Resume with as many "
-                "processes as the interrupted run (each continues its own iterator)."
-            )
-        self.iterator.set_state(_decode(saved[jax.process_index()]))
+        """Puts back this process's iterator state."""
+        self.iterator.set_state(_decode(state))
 
 
 def stateful_dataset(source: Any) -> StatefulDataset:

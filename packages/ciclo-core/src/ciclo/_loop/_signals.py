@@ -16,6 +16,8 @@ from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any
 
+from .._processes._outputs import OUTPUT_PROCESS, writes_here
+
 __all__ = ["stop_gracefully_on", "exit_if_terminated"]
 
 _handling = False  # whether a loop of the main thread already handles stop signals
@@ -67,10 +69,11 @@ def exit_if_terminated(received: Sequence[signal.Signals], loop_state: Any) -> N
     if not received or received[0] == signal.SIGINT:
         return
     sig = received[0]
-    print(
-        f"ciclo: {loop_state.stop_reason or f'stopped by {sig.name}'} after "
-        f"{loop_state.elapsed.steps} steps; exiting with status {128 + sig}.",
-        file=sys.stderr,
-        flush=True,
-    )
+    if writes_here(OUTPUT_PROCESS):  # with several processes, one message for the job
+        print(
+            f"ciclo: {loop_state.stop_reason or f'stopped by {sig.name}'} after "
+            f"{loop_state.elapsed.steps} steps; exiting with status {128 + sig}.",
+            file=sys.stderr,
+            flush=True,
+        )
     raise SystemExit(128 + sig)

@@ -49,6 +49,7 @@ GRACE_SECONDS = 3.0
 
 _loops_started = 0  # outermost multi-process loops started by this process (names their keys)
 _active: Agreement | None = None  # the agreement of the running outermost loop
+_gathers = 0  # calls of gather_to_all by this process (names their keys)
 
 
 class ProcessFailedError(RuntimeError):
@@ -108,8 +109,10 @@ def gather_to_all(name: str, value: Any, *, timeout: float = 60.0) -> list[Any]:
     count = jax.process_count()
     if client is None or count == 1:
         return [value]
+    global _gathers
+    _gathers += 1  # every process gathers in the same order: the n-th gather has one name
     me = jax.process_index()
-    prefix = f"ciclo/gather/{name}/"
+    prefix = f"ciclo/gather/{_gathers}/{name}/"
     client.key_value_set(prefix + str(me), json.dumps(value))
     out = []
     for process in range(count):

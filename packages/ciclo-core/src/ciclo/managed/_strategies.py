@@ -225,6 +225,46 @@ def broadcast_placer(replicated: jax.sharding.Sharding) -> Callable[[Any], Any]:
     return place_broadcasts
 
 
+def check_feedable(
+    strategy: str, devices: np.ndarray, axis_names: Sequence[str], names: Sequence[str]
+) -> None:
+    """Checks that process-local batches can be assembled along the batch axes ``names`` of
+    a mesh (``devices``, an array of devices, with ``axis_names``): each position along them
+    belongs to one process, and every process holds as many.
+
+    Raises:
+        ValueError: naming the mesh's axes and the fix.
+
+    Example:
+        >>> import jax, numpy as np
+        >>> check_feedable("jit", np.array(jax.devices()), ["data"], ["data"])  # one process
+    """
+    batch_axes = [axis_names.index(name) for name in names]
+    moved = np.moveaxis(devices, batch_axes, list(range(len(batch_axes))))
+    positions = moved.reshape(int(np.prod(moved.shape[: len(batch_axes)])), -1)
+    owners = [{device.process_index for device in row} for row in positions]
+    counts: dict[int, int] = {}
+    for owner in owners:
+        if len(owner) == 1:
+            counts[next(iter(owner))] = counts.get(next(iter(owner)), 0) + 1
+    if all(len(owner) == 1 for owner in owners) and len(set(counts.values())) == 1:
+        return
+    shape = dict(zip(axis_names, devices.shape, strict=True))
+    raise ValueError(
+        f"{strategy}: the mesh {shape} cannot be fed from process-local batches: along its "
+        f"batch axis {tuple(names)}, "
+        + (
+            "a position holds devices of several processes"
+            if any(len(owner) > 1 for owner in owners)
+            else "the processes hold different numbers of positions"
+        )
+        + ", so each process's part of the batch has no place of its own. Build the mesh so "
+        f"that the batch axis spans the processes (jax.make_mesh orders devices by process: "
+        f"put the batch axis first, e.g. jax.make_mesh(({len(owners)}, ...), "
+        f"({names[0]!r}, ...))), or split the batch over another axis (axis=...)."
+    )
+
+
 def batch_placer(
     strategy: str, mesh: jax.sharding.Mesh, axis: str | tuple[str, ...]
 ) -> Callable[[Any], Any]:
@@ -240,6 +280,8 @@ def batch_placer(
     sharded = NamedSharding(mesh, partition_spec(axis))  # type: ignore[arg-type]
     names = (axis,) if isinstance(axis, str) else axis
     shards = int(np.prod([mesh.shape[name] for name in names]))
+    if jax.process_count() > 1:
+        check_feedable(strategy, mesh.devices, mesh.axis_names, names)
 
     def sharding_of(leaf: Any) -> NamedSharding:
         return sharded if np.ndim(leaf) else replicated

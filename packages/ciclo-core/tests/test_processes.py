@@ -1,0 +1,78 @@
+"""Several processes, in one process: the checks and rules that need no second process
+(the 2-process runs are in test_multihost_agreement.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import ciclo
+from ciclo._loop._agreed import AgreedLoopState
+from ciclo._processes._outputs import writes_here
+from ciclo.managed._strategies import check_feedable
+
+
+def devices(*processes: int) -> np.ndarray:
+    return np.array([SimpleNamespace(process_index=p) for p in processes], dtype=object)
+
+
+def test_a_batch_axis_spanning_the_processes_can_be_fed():
+    mesh = devices(0, 0, 1, 1).reshape(2, 2)  # rows: processes
+    check_feedable("sharded", mesh, ["data", "model"], ["data"])
+
+
+def test_a_batch_axis_inside_each_process_is_rejected_with_the_fix():
+    mesh = devices(0, 0, 1, 1).reshape(2, 2)  # the batch axis, columns, crosses processes
+    with pytest.raises(ValueError, match=r"'model': 2, 'data': 2.*several processes.*spans"):
+        check_feedable("sharded", mesh, ["model", "data"], ["data"])
+
+
+def test_processes_holding_unequal_parts_of_the_batch_axis_are_rejected():
+    with pytest.raises(ValueError, match="different numbers of positions"):
+        check_feedable("data-parallel", devices(0, 0, 0, 1), ["data"], ["data"])
+
+
+@pytest.mark.parametrize(
+    ("option", "match"),
+    [({"agree_every": 0}, "agree_every=0: expected an int >= 1"),
+     ({"agree_every": 1.5}, "agree_every=1.5"),
+     ({"fault_timeout": 0}, "fault_timeout=0: expected a number of seconds > 0")],
+)  # fmt: skip
+def test_agreement_options_are_checked_with_one_process_too(option, match):
+    with pytest.raises(ValueError, match=match):
+        ciclo.loop(0, [1, 2], {}, **option)
+
+
+@pytest.mark.parametrize("make", [ciclo.keras_bar, ciclo.tqdm_bar])
+def test_output_process_must_be_an_index_or_none(make):
+    with pytest.raises(TypeError, match=r"process=-1\): expected the index of the process"):
+        make(10, process=-1)
+
+
+def test_one_process_writes_every_output():
+    assert writes_here(0)
+    assert writes_here(None)
+    assert not writes_here(1)
+    assert ciclo.keras_bar(10, process=1).finished  # another process draws it
+
+
+def test_a_requested_stop_is_only_a_request_until_agreed():
+    loop_state = AgreedLoopState(None, ciclo.history(), ciclo.Elapsed.create(), process_count=2)
+    loop_state.stop_iteration = True
+    loop_state.stop_reason = "early stop"
+    assert not loop_state.stop_iteration  # the engine carries on to the agreement
+    assert loop_state.stop_reason is None
+    assert (loop_state.requested, loop_state.requested_reason) == (True, "early stop")
+    loop_state.agree_stop("early stop (on process 1)")
+    assert loop_state.stop_iteration
+    assert loop_state.stop_reason == "early stop (on process 1)"
+
+
+def test_a_step_of_a_process_counts_the_samples_of_all():
+    loop_state = AgreedLoopState(None, ciclo.history(), ciclo.Elapsed.create(), process_count=2)
+    loop_state.batch = np.zeros((4, 3))
+    after = loop_state.elapsed_after_step()
+    assert (after.steps, after.samples) == (1, 8)
+    assert after.time == loop_state.elapsed.time  # the agreed clock, not this process's
