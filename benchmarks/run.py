@@ -28,6 +28,7 @@ SCRIPTS = [
     "equinox_step.py",
     "checkpoint_async.py",
     "placement.py",
+    "multihost_agreement.py",
 ]
 
 

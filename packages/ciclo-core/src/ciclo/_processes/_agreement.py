@@ -41,6 +41,8 @@ __all__ = [
     "start_agreement",
 ]
 
+#: Steps whose exchanges share a key directory, deleted as one when no longer read.
+EXCHANGES_PER_BLOCK = 1000
 #: Seconds between two heartbeats of a watchdog (and two looks for a published fault).
 HEARTBEAT_SECONDS = 1.0
 #: Seconds a process blocked in a collective is given to notice a fault by itself, before
@@ -149,7 +151,7 @@ class Agreement:
         self.every = every
         self.timeout = timeout
         self._prefix = f"ciclo/{name}/"
-        self._previous_key: str | None = None
+        self._block: int | None = None
         self._next_key: str | None = None
         self._noticed = threading.Event()  # the main thread saw another process's fault
         self._closed = threading.Event()
@@ -159,9 +161,13 @@ class Agreement:
     # --- the exchange ---------------------------------------------------------------------
     def exchange(self, step: int, record: dict[str, Any]) -> list[dict[str, Any]]:
         """Publishes ``record`` for ``step`` and returns every process's record for it."""
-        key = f"{self._prefix}{step}/"
+        block = step // EXCHANGES_PER_BLOCK
+        key = f"{self._prefix}{block}/{step}/"
         self.client.key_value_set(key + str(self.process), json.dumps(record))
-        self._next_key = f"{self._prefix}{step + self.every}/{self.process}"
+        following = step + self.every
+        self._next_key = (
+            f"{self._prefix}{following // EXCHANGES_PER_BLOCK}/{following}/{self.process}"
+        )
         records: list[dict[str, Any]] = []
         for process in range(self.count):
             if process == self.process:
@@ -184,23 +190,24 @@ class Agreement:
                 self._noticed.set()
                 raise ProcessFailedError(f"process {process} failed: {other['fault']}")
             records.append(other)
-        if self._previous_key is not None:  # every process has read it by now
-            self.client.key_value_delete(self._previous_key)
-        self._previous_key = key + str(self.process)
+        if block != self._block:
+            # Every process has read the records of two blocks ago (it wrote this one's):
+            # process 0 drops them, one call per block of exchanges.
+            if self.process == 0 and self._block is not None and self._block > 0:
+                with contextlib.suppress(Exception):
+                    self.client.key_value_delete(f"{self._prefix}{self._block - 1}/")
+            self._block = block
         return records
 
     def fail(self, error: BaseException) -> None:
         """Publishes this process's error, so the others end too instead of waiting."""
         if isinstance(error, ProcessFailedError):
             return  # another process failed first; it already said so
-        message = json.dumps(f"{type(error).__name__}: {error}")
+        fault = json.dumps({"fault": f"{type(error).__name__}: {error}", "process": self.process})
         for key in (f"{self._prefix}fault", self._next_key):
-            if key is None:
-                continue
-            with contextlib.suppress(Exception):  # the key exists, or the service is gone
-                self.client.key_value_set(
-                    key, json.dumps({"fault": json.loads(message), "process": self.process})
-                )
+            if key is not None:
+                with contextlib.suppress(Exception):  # the key exists, or the service is gone
+                    self.client.key_value_set(key, fault)
 
     def close(self) -> None:
         """Ends the watchdog; the others see this process as done, not silent."""

@@ -1,0 +1,115 @@
+"""The cost of the agreement between processes: 2 processes on loopback (``jax.distributed``,
+gloo, 1 CPU device each) train a small linear model data-parallel (a cross-process gradient
+all-reduce each step), with a hand-written ``for`` loop and with ``ciclo.loop``, whose
+processes exchange one small record through JAX's coordination service every
+``agree_every`` steps. µs per step; the overhead is over the hand-written loop of the same
+round. Process 0 reports; both run the same candidates in the same order.
+
+The single-process overhead (no agreement at all) is ``loop_overhead.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+
+def _worker(process: int, port: int, tiny: bool, json_path: str | None) -> None:
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    address = f"127.0.0.1:{port}"
+    jax.distributed.initialize(
+        coordinator_address=address,
+        coordinator_bind_address=address,
+        num_processes=2,
+        process_id=process,
+        initialization_timeout=60,
+    )
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from _harness import compare, emit
+
+    import ciclo
+
+    steps = 20 if tiny else 300
+    rng = np.random.default_rng(process)
+    batches = [
+        (rng.normal(size=(16, 8)).astype(np.float32), rng.normal(size=16).astype(np.float32))
+        for _ in range(steps)
+    ]
+
+    @ciclo.managed.train_step
+    def train_step(state, batch):
+        x, y = batch
+        loss = jnp.mean((x @ state.params["w"] - y) ** 2)
+        return ciclo.logs().add_loss("loss", loss), state
+
+    state = ciclo.managed.ManagedState.create(
+        params={"w": jnp.zeros(8)}, tx=optax.sgd(0.01), strategy="data-parallel"
+    )
+
+    def hand_written():
+        s = state
+        for batch in batches:
+            _, s = train_step(s, batch)
+        jax.block_until_ready(s.params)
+
+    def with_ciclo(every):
+        def run():
+            s, _, _ = ciclo.loop(state, batches, {ciclo.every(1): train_step}, agree_every=every)
+            jax.block_until_ready(s.params)
+
+        return run
+
+    rows = compare(
+        "2 processes, linear model",
+        {
+            "hand-written for loop": hand_written,
+            "ciclo.loop, agree_every=1": with_ciclo(1),
+            "ciclo.loop, agree_every=10": with_ciclo(10),
+            "ciclo.loop, agree_every=100": with_ciclo(100),
+        },
+        repeats=1 if tiny else 7,
+        per=steps,
+        unit="us",
+        target="the cost of the agreement",
+    )
+    if process == 0:
+        emit(rows, json_path)
+    jax.distributed.shutdown()
+
+
+def main() -> None:
+    from _harness import parse_args
+
+    args = parse_args(__doc__ or "")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    options = json.dumps({"tiny": args.tiny, "json": args.json})
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--worker", str(i), str(port), options],
+            env=env,
+            cwd=Path(__file__).parent,
+        )
+        for i in range(2)
+    ]
+    codes = [proc.wait(timeout=600) for proc in procs]
+    if any(codes):
+        sys.exit(f"a worker failed: exit statuses {codes}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        options = json.loads(sys.argv[4])
+        _worker(int(sys.argv[2]), int(sys.argv[3]), options["tiny"], options["json"])
+    else:
+        main()
