@@ -40,6 +40,7 @@ from ._loops._named import on_train_step as on_train_step
 from ._loops._predict import predict_loop as predict_loop
 from ._loops._test import test_loop as test_loop
 from ._loops._train import train_loop as train_loop
+from ._processes._agreement import ProcessFailedError as ProcessFailedError
 from ._records._history import History as History
 from ._records._history import history as history
 from ._records._logs import Logs as Logs
