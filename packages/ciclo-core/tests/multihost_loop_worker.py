@@ -121,6 +121,14 @@ def main(scenario: str, process: int, port: int, out_dir: str, options: dict) ->
                 raise ValueError("boom on purpose")
 
         each_step.append(boom)
+    elif scenario == "kill":
+
+        def die(state, batch, elapsed, loop_state):
+            if process == 1 and elapsed.steps == 5:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        each_step.append(die)
+        kwargs["fault_timeout"] = options["fault_timeout"]
     elif scenario == "sigterm":
         checkpoint = ciclo.checkpoint(out / "ckpt", keep=2)
         if options.get("interrupt"):

@@ -108,6 +108,16 @@ def test_a_raise_on_one_process_ends_both_with_an_error(tmp_path):
     assert seconds < 60
 
 
+def test_a_killed_process_ends_the_other_within_the_fault_timeout(tmp_path):
+    codes, outputs, seconds = run_pair("kill", tmp_path, fault_timeout=8)
+    assert codes[1] == -signal.SIGKILL
+    assert codes[0] != 0
+    assert "process 1 gave no sign of life for 8 s" in outputs[0] or (
+        "process 1 did not reach step" in outputs[0]
+    )
+    assert seconds < 40  # JAX's own heartbeat would take 100 s
+
+
 @pytest.mark.parametrize("stateful", [False, True], ids=["replayed", "stateful-dataset"])
 def test_sigterm_to_one_process_stops_both_at_one_step_with_a_checkpoint(tmp_path, stateful):
     plain = tmp_path / "plain"

@@ -19,6 +19,7 @@ With one process nothing here runs: :func:`start_agreement` returns ``None``.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -51,6 +52,7 @@ GRACE_SECONDS = 3.0
 
 _loops_started = 0  # outermost multi-process loops started by this process (names their keys)
 _active: Agreement | None = None  # the agreement of the running outermost loop
+_exit_registered = False  # whether a lost process made this one skip JAX's shutdown
 _gathers = 0  # calls of gather_to_all by this process (names their keys)
 
 
@@ -179,6 +181,7 @@ class Agreement:
                 )
             except Exception as error:
                 self._noticed.set()
+                _skip_jax_shutdown_at_exit()
                 raise ProcessFailedError(
                     f"process {process} did not reach step {step} of the loop within "
                     f"{self.timeout:g} s (this is process {self.process}): it failed, hangs, "
@@ -273,6 +276,23 @@ class Agreement:
             elif now - last[1] > self.timeout:
                 return f"process {process} gave no sign of life for {self.timeout:g} s"
         return None
+
+
+def _skip_jax_shutdown_at_exit() -> None:
+    """A process of the job is gone: JAX's shutdown at exit would wait for it at a barrier
+    until the coordination service's heartbeat timeout (100 s by default). Ends this process
+    first, once the other exit handlers registered after JAX's have run."""
+    global _exit_registered
+    if _exit_registered:
+        return
+    _exit_registered = True
+
+    def exit_now() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+    atexit.register(exit_now)
 
 
 def start_agreement(*, every: int, timeout: float) -> Agreement | None:
