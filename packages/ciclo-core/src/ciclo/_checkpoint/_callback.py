@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
+import weakref
 from typing import Any
 
 from .._loop._hooks import LoopCallbackBase
 from .._loop._state import LoopState
+from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records import _host
 from .._time._schedules import Schedule, every
-from . import _format
+from . import _format, _lock
 
 __all__ = ["checkpoint", "Checkpoint"]
 
@@ -82,11 +85,28 @@ class Checkpoint(LoopCallbackBase):
         self.keep, self.monitor, self.mode = keep, monitor, mode
         self.async_save, self.save_on_end = async_save, save_on_end
         _prepare_directory(self.directory)
+        self._locked = False
+        self._unlock_at_exit: Any = None
+        self._lock()
         self._manager: Any = None
         self._last_step: int | None = None  # the last step saved (or found saved)
         self._end_step: int | None = None  # saved at a loop's end, unasked: replaceable
         self._loop: LoopState | None = None  # the loop checked for checkpoints of later steps
         self._ended: LoopState | None = None  # a loop that ended: later saves are synchronous
+
+    def _lock(self) -> None:
+        """Makes this process the one writer of the directory (see :mod:`._lock`), until
+        the loop's end, :meth:`close` or the process's exit."""
+        if self._locked or not writes_here(OUTPUT_PROCESS):
+            return
+        self._locked = _lock.acquire(self.directory)
+        if self._locked:
+            self._unlock_at_exit = weakref.finalize(self, _lock.release, self.directory)
+
+    def _unlock(self) -> None:
+        if self._locked:
+            self._locked = False
+            self._unlock_at_exit()
 
     def __repr__(self) -> str:
         return f"checkpoint({self.directory!r}, keep={self.keep}, monitor={self.monitor!r})"
@@ -112,13 +132,19 @@ class Checkpoint(LoopCallbackBase):
         callback's stop, else when ``save_on_end``), then waits for the writes to finish,
         raising if one failed. After an error, only waits."""
         if error is not None:
-            self._wait_quietly(error)
+            try:
+                self._wait_quietly(error)
+            finally:
+                self._unlock()
             return
         stopped = loop_state.stop_reason is not None
-        if (stopped or self.save_on_end) and self._save(loop_state, monitored=False):
-            self._end_step = self._last_step
-        self._ended = loop_state
-        self.wait()
+        try:
+            if (stopped or self.save_on_end) and self._save(loop_state, monitored=False):
+                self._end_step = self._last_step
+            self._ended = loop_state
+            self.wait()
+        finally:
+            self._unlock()
         if stopped and self._last_step == loop_state.elapsed.steps:
             loop_state.stop_reason = (
                 f"{loop_state.stop_reason} (checkpoint {self._last_step} saved in {self.directory})"
@@ -167,11 +193,13 @@ class Checkpoint(LoopCallbackBase):
         evaluation) replaces the one the loop's end made at the same step unasked."""
         step = loop_state.elapsed.steps
         value = self._monitored_value(loop_state) if monitored else None
+        self._lock()
         manager = self._open()
         self.wait()  # orbax's save would wait for the previous one too; this names its error
         if self._loop is not loop_state:
             self._loop, self._end_step = loop_state, None
             manager.reload()
+            self._set_aside_passed_over(manager)
             later = [s for s in manager.all_steps() if s > step]
             if later:
                 raise FileExistsError(
@@ -187,11 +215,51 @@ class Checkpoint(LoopCallbackBase):
             else:
                 self._last_step = step
                 return False
-        _format.save(manager, loop_state, value=value, monitor=self.monitor, mode=self.mode)
+        try:
+            _format.save(manager, loop_state, value=value, monitor=self.monitor, mode=self.mode)
+        except _format.WriteFailed as error:
+            raise RuntimeError(
+                f"ciclo.checkpoint: cannot write checkpoint {step} to {self.directory!r}: "
+                f"{error.__cause__!r}. Make the directory writable (or free space), or give "
+                f"ciclo.checkpoint another directory; the previous checkpoints are intact."
+            ) from error
         self._last_step = step
         if not self.async_save or self._ended is loop_state:
             self.wait()  # nothing would wait for a save after the loop's end
+        else:
+            loop_state.at_step_end(self._poll)
         return True
+
+    def _poll(self, loop_state: LoopState) -> None:
+        """At each step's end while a background save runs: raises its error as soon as it
+        failed (never blocks)."""
+        manager = self._manager
+        if manager is None:
+            return
+        if manager.is_saving_in_progress():
+            loop_state.at_step_end(self._poll)
+        else:
+            self.wait()
+
+    def _set_aside_passed_over(self, manager: Any) -> None:
+        """Renames the checkpoints that this process's resume passed over (damaged, or of a
+        non-finite state), at the resumed run's first save: it writes their steps anew, and
+        orbax's ``keep`` must neither count them nor evict the checkpoint resumed from for
+        them. They are kept, never deleted."""
+        passed = _format.passed_over(self.directory)
+        present = [s for s in manager.all_steps() if s in passed]
+        if not present or "://" in self.directory:
+            return
+        moved = [_format.set_aside(self.directory, s, passed[s].replace("-", "")) for s in present]
+        warnings.warn(
+            f"ciclo.checkpoint: the checkpoints {present} in {self.directory!r}, passed over "
+            f"on resume ({', '.join(passed[s] for s in present)}), were set aside as "
+            f"{[os.path.basename(m) for m in moved]} (not deleted): this run writes those "
+            f"steps anew.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        manager.reload()
 
     # --- waiting and errors -------------------------------------------------------------------
     def _raise_failed_save(self) -> None:
@@ -225,12 +293,15 @@ class Checkpoint(LoopCallbackBase):
 
     def close(self) -> None:
         """Waits for the writes to finish and releases orbax's resources."""
-        if self._manager is not None:
-            try:
-                self.wait()
-            finally:
-                self._manager.close()
-                self._manager = None
+        try:
+            if self._manager is not None:
+                try:
+                    self.wait()
+                finally:
+                    self._manager.close()
+                    self._manager = None
+        finally:
+            self._unlock()
 
     def all_steps(self) -> list[int]:
         """The steps of the checkpoints in the directory, oldest first."""
