@@ -338,8 +338,10 @@ def checkpoint(
     consumed batches dropped, so it must yield the same batches when re-created.
 
     Use it under any schedule of ``ciclo.loop`` (``{ciclo.every(1000): ckpt}``; spread in
-    with ``**ckpt`` it saves every 10 minutes of loop time); in
-    ``train_loop(callbacks=[ckpt])`` it saves at the end of each epoch. It also saves
+    with ``**ckpt`` it saves every 10 minutes of loop time), in ``train_loop`` too
+    (``tasks={ciclo.every(1000): ckpt}``); in ``train_loop(callbacks=[ckpt])`` it saves at
+    the end of each epoch. One run writes a directory: a second one is an error at once
+    (a lock file, ``.ciclo-writer.lock``, holds the writer's host and pid). It also saves
     when the loop ends (after Ctrl-C or SIGTERM too, see ``loop(stop_signals=...)``).
 
     Args:
@@ -353,8 +355,8 @@ def checkpoint(
             the checkpoint fires.
         mode: ``"min"`` (lower is better) or ``"max"``.
         async_save: write in the background: the loop only waits while arrays are copied
-            to host memory. A failed background write is raised at the callback's next
-            call or at the loop's end, never lost.
+            to host memory. A failed background write is raised at the end of the next
+            step, never lost.
         save_on_end: also save when the loop ends normally (a stop by a signal or by a
             callback always saves).
 
