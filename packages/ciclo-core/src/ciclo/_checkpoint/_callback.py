@@ -76,6 +76,9 @@ class Checkpoint(LoopCallbackBase):
                 f"checkpoint(mode={mode!r}): mode must be 'min' (lower {monitor or 'value'} "
                 f"is better) or 'max'."
             )
+        for name, flag in (("async_save", async_save), ("save_on_end", save_on_end)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"checkpoint({name}={flag!r}): expected True or False.")
         if monitor is not None and (not isinstance(monitor, str) or not monitor):
             raise TypeError(
                 f"checkpoint(monitor={monitor!r}): monitor must be the name of a log entry, "
