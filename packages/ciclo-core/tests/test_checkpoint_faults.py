@@ -320,3 +320,30 @@ def test_all_finite() -> None:
     assert all_finite({"w": jnp.ones(3), "k": jax.random.key(0), "n": 3, "s": "x"})
     assert not all_finite({"w": jnp.array([1.0, jnp.inf])})
     assert not all_finite([np.float32(np.nan)])
+
+
+def test_a_run_ending_after_a_failed_background_save_still_saves_its_final_state(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orbax.checkpoint._src.path import atomicity
+
+    finalize = atomicity.AtomicRenameTemporaryPath.finalize
+    failures = []
+
+    async def fail_once(self: Any) -> None:
+        if not failures:
+            failures.append(self.get_final().name)
+            raise OSError(28, "No space left on device")
+        await finalize(self)
+
+    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", fail_once)
+    tasks = {
+        ciclo.every(1): lambda state: state + 1.0,
+        ciclo.every(1000): ciclo.checkpoint(tmp_path),
+    }
+    with pytest.warns(RuntimeWarning, match=r"writing checkpoint 1 .*final state was saved"):
+        state, _, elapsed = ciclo.loop(jnp.zeros(2), range(1), tasks)
+    assert len(failures) == 1
+    restored, _, restored_elapsed = ciclo.restore(tmp_path, jnp.zeros(2))
+    assert restored_elapsed.steps == elapsed.steps == 1
+    np.testing.assert_array_equal(restored, state)

@@ -133,7 +133,9 @@ class Checkpoint(LoopCallbackBase):
     def __loop_end__(self, loop_state: LoopState, error: BaseException | None) -> None:
         """At the loop's end: saves the final state (always after a stop signal or a
         callback's stop, else when ``save_on_end``), then waits for the writes to finish,
-        raising if one failed. After an error, only waits."""
+        raising if one failed. A background save that failed since the last step does not
+        keep the final state from being saved (then only a warning says it failed). After
+        an error, only waits."""
         if error is not None:
             try:
                 self._wait_quietly(error)
@@ -141,11 +143,25 @@ class Checkpoint(LoopCallbackBase):
                 self._unlock()
             return
         stopped = loop_state.stop_reason is not None
+        final = stopped or self.save_on_end
         try:
-            if (stopped or self.save_on_end) and self._save(loop_state, monitored=False):
+            earlier: RuntimeError | None = None
+            try:
+                self.wait()
+            except RuntimeError as failure:  # a background save failed in the last steps
+                if not final:
+                    raise
+                earlier = failure
+            if final and self._save(loop_state, monitored=False):
                 self._end_step = self._last_step
             self._ended = loop_state
             self.wait()
+            if earlier is not None:  # the final state is saved: the failure lost nothing
+                warnings.warn(
+                    f"{earlier} The final state was saved as checkpoint {self._last_step}.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         finally:
             self._unlock()
         if stopped and self._last_step == loop_state.elapsed.steps:
@@ -282,8 +298,9 @@ class Checkpoint(LoopCallbackBase):
         try:
             self._manager.wait_until_finished()
         except Exception as error:
+            failed, self._last_step = self._last_step, None  # not on disk: may be saved again
             raise RuntimeError(
-                f"ciclo.checkpoint: writing checkpoint {self._last_step} to "
+                f"ciclo.checkpoint: writing checkpoint {failed} to "
                 f"{self.directory!r} failed in the background: {error!r}. The previous "
                 f"checkpoints are intact."
             ) from error

@@ -69,13 +69,11 @@ def checked_batch_size_fn(fn: Callable[[Any], Any]) -> Callable[[Any], int]:
 
     def batch_size(batch: Any) -> int:
         size = fn(batch)
-        if isinstance(size, numbers.Integral) and not isinstance(size, bool) and size >= 0:
-            return int(size)
-        if hasattr(size, "shape") and getattr(size, "shape", None) == () and "int" in str(
-            getattr(size, "dtype", "")
-        ):  # a NumPy or JAX integer scalar
+        if isinstance(size, numbers.Integral) and not isinstance(size, bool):
             if int(size) >= 0:
-                return int(size)
+                return size  # type: ignore[return-value]
+        elif getattr(size, "shape", None) == () and "int" in str(getattr(size, "dtype", "")):
+            return size  # type: ignore[no-any-return]  # a JAX integer: not synchronised here
         name = getattr(fn, "__name__", repr(fn))
         raise (ValueError if isinstance(size, numbers.Integral) else TypeError)(
             f"loop(batch_size_fn={name}) returned {size!r}; it must return the number of "
