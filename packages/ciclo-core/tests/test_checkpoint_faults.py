@@ -347,3 +347,25 @@ def test_a_run_ending_after_a_failed_background_save_still_saves_its_final_state
     restored, _, restored_elapsed = ciclo.restore(tmp_path, jnp.zeros(2))
     assert restored_elapsed.steps == elapsed.steps == 1
     np.testing.assert_array_equal(restored, state)
+
+
+def test_early_stopping_with_nan_at_every_check_keeps_the_result() -> None:
+    def step(state: Any, batch: Any) -> Any:
+        return ciclo.logs().add_loss("loss", jnp.nan), state + 1.0
+
+    def test_step(state: Any, batch: Any) -> Any:
+        return ciclo.logs().add_metric("acc", jnp.nan)
+
+    stopper = ciclo.early_stopping("acc_test", 2, mode="max", restore_best_weights=True)
+    tasks = {ciclo.on_train_step: step, ciclo.on_test_step: test_step}
+    state, _, elapsed = ciclo.train_loop(
+        jnp.zeros(2),
+        [1] * 6,
+        tasks,
+        callbacks=[stopper],
+        test_dataset=lambda: [1],
+        epoch_duration=2,
+        stop=6,
+    )
+    assert stopper.best is None  # NaN is never an improvement
+    np.testing.assert_array_equal(state, [elapsed.steps] * 2)  # the final state, not lost
