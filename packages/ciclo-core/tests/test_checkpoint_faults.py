@@ -218,8 +218,11 @@ READ_ONLY = textwrap.dedent(
 
     directory, how = sys.argv[1], sys.argv[2]
 
+    ckpt = ciclo.checkpoint(directory, keep=None)
+
     def make_read_only(state, batch, elapsed):
         if elapsed.steps == 2:
+            ckpt.wait()  # the first save is on disk
             if how == "mount":
                 subprocess.run(["mount", "-o", "remount,ro", directory], check=True)
             else:
@@ -228,7 +231,7 @@ READ_ONLY = textwrap.dedent(
 
     tasks = {
         ciclo.every(1): [lambda state, batch: (None, state + 1.0), make_read_only],
-        ciclo.every(3): ciclo.checkpoint(directory, keep=None),
+        ciclo.every(3): ckpt,
     }
     ciclo.loop(jnp.zeros(1000), range(1000), tasks)
     """
