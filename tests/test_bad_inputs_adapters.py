@@ -68,7 +68,7 @@ CASES = [
     ('eqx_strategy_bad', lambda: ciclo_equinox.create_state(EQX, optax.sgd(0.1), losses={"mse": MSE}, strategy="nope"), ValueError, r"unknown\ strategy\ 'nope';\ known\ strategies:\ \['.*d\.register_strategy\(name,\ factory\)\."),
     ('eqx_unknown_option', lambda: ciclo_equinox.create_state(EQX, optax.sgd(0.1), losses={"mse": MSE}, learning_rate=0.1), TypeError, r"ciclo_equinox\.create_state\(\)\ got\ an\ unknown\ k.*egy',\ 'targets_key',\ 'tx',\ 'vmap'\]\."),
     ('eqx_vmap_str', lambda: ciclo_equinox.create_state(EQX, optax.sgd(0.1), losses={"mse": MSE}, vmap="yes"), TypeError, r"vmap\ must\ be\ True\ or\ False,\ got\ 'yes'\."),
-    ('eqx_key_arg_missing', lambda: ciclo_equinox.create_state(EQX, optax.sgd(0.1), losses={"mse": MSE}, key_arg="rng"), TypeError, r"key_arg='rng',\ but\ Linear\.__call__\ takes\ no\ a.*_arg=None\ to\ give\ the\ model\ no\ key\."),
+    ('eqx_key_arg_missing', lambda: ciclo_equinox.create_state(EQX, optax.sgd(0.1), losses={"mse": MSE}, key_arg="rng"), TypeError, r"key_arg='rng',\ but\ Linear\.__call__\ takes\ no\ a.*Pass\ key_arg=None\ to\ pass\ no\ randomness"),
 ]
 # fmt: on
 
