@@ -27,6 +27,7 @@ SCRIPTS = [
     "haiku_step.py",
     "equinox_step.py",
     "checkpoint_async.py",
+    "checkpoint_in_training.py",
     "placement.py",
     "multihost_agreement.py",
 ]

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
+import weakref
 from typing import Any
 
 from .._loop._hooks import LoopCallbackBase
 from .._loop._state import LoopState
+from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records import _host
 from .._time._schedules import Schedule, every
-from . import _format
+from . import _format, _lock
 
 __all__ = ["checkpoint", "Checkpoint"]
 
@@ -73,6 +76,9 @@ class Checkpoint(LoopCallbackBase):
                 f"checkpoint(mode={mode!r}): mode must be 'min' (lower {monitor or 'value'} "
                 f"is better) or 'max'."
             )
+        for name, flag in (("async_save", async_save), ("save_on_end", save_on_end)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"checkpoint({name}={flag!r}): expected True or False.")
         if monitor is not None and (not isinstance(monitor, str) or not monitor):
             raise TypeError(
                 f"checkpoint(monitor={monitor!r}): monitor must be the name of a log entry, "
@@ -82,11 +88,28 @@ class Checkpoint(LoopCallbackBase):
         self.keep, self.monitor, self.mode = keep, monitor, mode
         self.async_save, self.save_on_end = async_save, save_on_end
         _prepare_directory(self.directory)
+        self._locked = False
+        self._unlock_at_exit: Any = None
+        self._lock()
         self._manager: Any = None
         self._last_step: int | None = None  # the last step saved (or found saved)
         self._end_step: int | None = None  # saved at a loop's end, unasked: replaceable
         self._loop: LoopState | None = None  # the loop checked for checkpoints of later steps
         self._ended: LoopState | None = None  # a loop that ended: later saves are synchronous
+
+    def _lock(self) -> None:
+        """Makes this process the one writer of the directory (see :mod:`._lock`), until
+        the loop's end, :meth:`close` or the process's exit."""
+        if self._locked or not writes_here(OUTPUT_PROCESS):
+            return
+        self._locked = _lock.acquire(self.directory)
+        if self._locked:
+            self._unlock_at_exit = weakref.finalize(self, _lock.release, self.directory)
+
+    def _unlock(self) -> None:
+        if self._locked:
+            self._locked = False
+            self._unlock_at_exit()
 
     def __repr__(self) -> str:
         return f"checkpoint({self.directory!r}, keep={self.keep}, monitor={self.monitor!r})"
@@ -110,15 +133,37 @@ class Checkpoint(LoopCallbackBase):
     def __loop_end__(self, loop_state: LoopState, error: BaseException | None) -> None:
         """At the loop's end: saves the final state (always after a stop signal or a
         callback's stop, else when ``save_on_end``), then waits for the writes to finish,
-        raising if one failed. After an error, only waits."""
+        raising if one failed. A background save that failed since the last step does not
+        keep the final state from being saved (then only a warning says it failed). After
+        an error, only waits."""
         if error is not None:
-            self._wait_quietly(error)
+            try:
+                self._wait_quietly(error)
+            finally:
+                self._unlock()
             return
         stopped = loop_state.stop_reason is not None
-        if (stopped or self.save_on_end) and self._save(loop_state, monitored=False):
-            self._end_step = self._last_step
-        self._ended = loop_state
-        self.wait()
+        final = stopped or self.save_on_end
+        try:
+            earlier: RuntimeError | None = None
+            try:
+                self.wait()
+            except RuntimeError as failure:  # a background save failed in the last steps
+                if not final:
+                    raise
+                earlier = failure
+            if final and self._save(loop_state, monitored=False):
+                self._end_step = self._last_step
+            self._ended = loop_state
+            self.wait()
+            if earlier is not None:  # the final state is saved: the failure lost nothing
+                warnings.warn(
+                    f"{earlier} The final state was saved as checkpoint {self._last_step}.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        finally:
+            self._unlock()
         if stopped and self._last_step == loop_state.elapsed.steps:
             loop_state.stop_reason = (
                 f"{loop_state.stop_reason} (checkpoint {self._last_step} saved in {self.directory})"
@@ -167,11 +212,13 @@ class Checkpoint(LoopCallbackBase):
         evaluation) replaces the one the loop's end made at the same step unasked."""
         step = loop_state.elapsed.steps
         value = self._monitored_value(loop_state) if monitored else None
+        self._lock()
         manager = self._open()
         self.wait()  # orbax's save would wait for the previous one too; this names its error
         if self._loop is not loop_state:
             self._loop, self._end_step = loop_state, None
             manager.reload()
+            self._set_aside_passed_over(manager)
             later = [s for s in manager.all_steps() if s > step]
             if later:
                 raise FileExistsError(
@@ -187,11 +234,51 @@ class Checkpoint(LoopCallbackBase):
             else:
                 self._last_step = step
                 return False
-        _format.save(manager, loop_state, value=value, monitor=self.monitor, mode=self.mode)
+        try:
+            _format.save(manager, loop_state, value=value, monitor=self.monitor, mode=self.mode)
+        except _format.WriteFailed as error:
+            raise RuntimeError(
+                f"ciclo.checkpoint: cannot write checkpoint {step} to {self.directory!r}: "
+                f"{error.__cause__!r}. Make the directory writable (or free space), or give "
+                f"ciclo.checkpoint another directory; the previous checkpoints are intact."
+            ) from error
         self._last_step = step
         if not self.async_save or self._ended is loop_state:
             self.wait()  # nothing would wait for a save after the loop's end
+        else:
+            loop_state.at_step_end(self._poll)
         return True
+
+    def _poll(self, loop_state: LoopState) -> None:
+        """At each step's end while a background save runs: raises its error as soon as it
+        failed (never blocks)."""
+        manager = self._manager
+        if manager is None:
+            return
+        if manager.is_saving_in_progress():
+            loop_state.at_step_end(self._poll)
+        else:
+            self.wait()
+
+    def _set_aside_passed_over(self, manager: Any) -> None:
+        """Renames the checkpoints that this process's resume passed over (damaged, or of a
+        non-finite state), at the resumed run's first save: it writes their steps anew, and
+        orbax's ``keep`` must neither count them nor evict the checkpoint resumed from for
+        them. They are kept, never deleted."""
+        passed = _format.passed_over(self.directory)
+        present = [s for s in manager.all_steps() if s in passed]
+        if not present or "://" in self.directory:
+            return
+        moved = [_format.set_aside(self.directory, s, passed[s].replace("-", "")) for s in present]
+        warnings.warn(
+            f"ciclo.checkpoint: the checkpoints {present} in {self.directory!r}, passed over "
+            f"on resume ({', '.join(passed[s] for s in present)}), were set aside as "
+            f"{[os.path.basename(m) for m in moved]} (not deleted): this run writes those "
+            f"steps anew.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        manager.reload()
 
     # --- waiting and errors -------------------------------------------------------------------
     def _raise_failed_save(self) -> None:
@@ -211,8 +298,9 @@ class Checkpoint(LoopCallbackBase):
         try:
             self._manager.wait_until_finished()
         except Exception as error:
+            failed, self._last_step = self._last_step, None  # not on disk: may be saved again
             raise RuntimeError(
-                f"ciclo.checkpoint: writing checkpoint {self._last_step} to "
+                f"ciclo.checkpoint: writing checkpoint {failed} to "
                 f"{self.directory!r} failed in the background: {error!r}. The previous "
                 f"checkpoints are intact."
             ) from error
@@ -225,12 +313,15 @@ class Checkpoint(LoopCallbackBase):
 
     def close(self) -> None:
         """Waits for the writes to finish and releases orbax's resources."""
-        if self._manager is not None:
-            try:
-                self.wait()
-            finally:
-                self._manager.close()
-                self._manager = None
+        try:
+            if self._manager is not None:
+                try:
+                    self.wait()
+                finally:
+                    self._manager.close()
+                    self._manager = None
+        finally:
+            self._unlock()
 
     def all_steps(self) -> list[int]:
         """The steps of the checkpoints in the directory, oldest first."""
@@ -267,8 +358,10 @@ def checkpoint(
     consumed batches dropped, so it must yield the same batches when re-created.
 
     Use it under any schedule of ``ciclo.loop`` (``{ciclo.every(1000): ckpt}``; spread in
-    with ``**ckpt`` it saves every 10 minutes of loop time); in
-    ``train_loop(callbacks=[ckpt])`` it saves at the end of each epoch. It also saves
+    with ``**ckpt`` it saves every 10 minutes of loop time), in ``train_loop`` too
+    (``tasks={ciclo.every(1000): ckpt}``); in ``train_loop(callbacks=[ckpt])`` it saves at
+    the end of each epoch. One run writes a directory: a second one is an error at once
+    (a lock file, ``.ciclo-writer.lock``, holds the writer's host and pid). It also saves
     when the loop ends (after Ctrl-C or SIGTERM too, see ``loop(stop_signals=...)``).
 
     Args:
@@ -282,8 +375,8 @@ def checkpoint(
             the checkpoint fires.
         mode: ``"min"`` (lower is better) or ``"max"``.
         async_save: write in the background: the loop only waits while arrays are copied
-            to host memory. A failed background write is raised at the callback's next
-            call or at the loop's end, never lost.
+            to host memory. A failed background write is raised at the end of the next
+            step, never lost.
         save_on_end: also save when the loop ends normally (a stop by a signal or by a
             callback always saves).
 

@@ -42,17 +42,26 @@ field                what it holds
 ``logs``             the loop's latest logs, ``{collection: {name: value}}``.
 ===================  ===========================================================================
 
-The orbax metrics of a checkpoint written with ``monitor=`` are ``{"value": float,
+Every checkpoint has orbax metrics ``{"finite": bool}``: a checkpoint of a non-finite state
+(saved at the stop after a NaN) never evicts the newest finite one, and resume and
+:func:`read_newest` pass it over. A damaged checkpoint (a truncated or missing file, a
+missing item, bad JSON) is a :class:`DamagedCheckpoint`; :func:`read_newest` passes it over
+with a warning. Nothing is ever deleted but by the ``keep`` policy: a passed-over
+checkpoint whose step a resumed run saves again is set aside (:func:`set_aside`).
+
+The orbax metrics of a checkpoint written with ``monitor=`` also hold ``{"value": float,
 "monitor": name, "mode": "min" | "max"}``; they rank checkpoints (:func:`best_step`).
 
-Writing: :func:`open_writer`, :func:`save`. Reading: :func:`open_reader`, :func:`read` (a
-:class:`Contents`), :func:`best_step`.
+Writing: :func:`open_writer`, :func:`save`, :func:`set_aside`. Reading: :func:`open_reader`,
+:func:`read` (a :class:`Contents`), :func:`read_newest`, :func:`best_step`.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -75,6 +84,14 @@ __all__ = [
     "save",
     "read",
     "best_step",
+    "DamagedCheckpoint",
+    "WriteFailed",
+    "read_newest",
+    "passed_over",
+    "set_aside",
+    "all_finite",
+    "is_finite_step",
+    "structure_error",
     "callback_name",
     "stateful_callbacks",
     "is_sequence",
@@ -110,41 +127,74 @@ def checkpoint_path(directory: str | os.PathLike[str]) -> str:
     return os.path.abspath(os.path.expanduser(text))
 
 
+class _NewestFinite:
+    """An orbax preservation policy: keeps the newest checkpoint of a finite state, so that
+    a NaN state saved after it never evicts it (``keep=1`` included)."""
+
+    def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> list[bool]:
+        finite = [i for i, info in enumerate(checkpoints) if _finite_metrics(info.metrics)]
+        return [bool(finite) and i == finite[-1] for i in range(len(checkpoints))]
+
+
+class _BestMonitored:
+    """An orbax preservation policy: ``policy`` (a ``BestN``) applied to the checkpoints
+    with a monitored value only; the others are left to the other policies."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+
+    def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> list[bool]:
+        scored = [
+            i
+            for i, info in enumerate(checkpoints)
+            if isinstance(info.metrics, Mapping) and "value" in info.metrics
+        ]
+        kept = self.policy.should_preserve([checkpoints[i] for i in scored], context=context)
+        result = [False] * len(checkpoints)
+        for i, keep in zip(scored, kept, strict=True):
+            result[i] = bool(keep)
+        return result
+
+
+def _finite_metrics(metrics: Any) -> bool:
+    """Whether a checkpoint's orbax metrics say its state is finite (older checkpoints,
+    written without the flag, count as finite)."""
+    return not isinstance(metrics, Mapping) or metrics.get("finite", True) is not False
+
+
 def open_writer(
     path: str, *, keep: int | None, monitor: str | None, mode: str, async_save: bool
 ) -> Any:
     """The ``CheckpointManager`` that ``ciclo.checkpoint`` writes ``path`` with.
 
     Without ``monitor`` it keeps the latest ``keep`` checkpoints; with it, the best ``keep``
-    by the monitored value (NaN is worst) plus the latest, to resume from.
+    by the monitored value (NaN is worst) plus the latest, to resume from. Either way the
+    newest checkpoint of a finite state is kept too (see :func:`save`). Step directories
+    are created synchronously, in ``save``: a directory that cannot be written is an error
+    there and then, not a background thread waiting for a directory that never comes.
     """
     import orbax.checkpoint as ocp
     from orbax.checkpoint import checkpoint_managers as policies
 
-    best_fn = None
+    worst = math.inf if mode == "min" else -math.inf
+
+    def best_fn(metrics: Any) -> float:
+        # orbax writes the metrics only when it has a best_fn; ciclo ranks with its own.
+        value = float(metrics.get("value", math.nan)) if isinstance(metrics, Mapping) else math.nan
+        return worst if math.isnan(value) or not _finite_metrics(metrics) else value
+
+    kept: list[Any] = [_NewestFinite()]
     if monitor is None:
-        preservation: Any = policies.LatestN(n=keep)
+        kept.append(policies.LatestN(n=keep))
     else:
-        worst = math.inf if mode == "min" else -math.inf
-
-        def best_fn(metrics: Any) -> float:
-            value = float(metrics["value"])
-            return worst if math.isnan(value) else value
-
-        preservation = policies.AnyPreservationPolicy(
-            [
-                policies.LatestN(n=1),  # the latest is always kept, to resume from
-                policies.BestN(
-                    get_metric_fn=best_fn,
-                    reverse=mode == "min",
-                    n=keep,
-                    keep_checkpoints_without_metrics=False,
-                ),
-            ]
+        kept.append(policies.LatestN(n=1))  # the latest is always kept, to resume from
+        kept.append(
+            _BestMonitored(policies.BestN(get_metric_fn=best_fn, reverse=mode == "min", n=keep))
         )
     options = ocp.CheckpointManagerOptions(
         enable_async_checkpointing=async_save,
-        preservation_policy=preservation,
+        async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
+        preservation_policy=policies.AnyPreservationPolicy(kept),
         best_fn=best_fn,
         best_mode=mode,
         cleanup_tmp_directories=True,
@@ -317,11 +367,31 @@ def _wrap(tree: Any, treedef: Any) -> Any:
     return {"value": tree} if jax.tree_util.treedef_is_leaf(treedef) else tree
 
 
+def structure_error(where: str, difference: str) -> ValueError:
+    """The error for a state that does not have the saved structure."""
+    return ValueError(
+        f"cannot restore {where} into this state: it does not have the structure of the "
+        f"saved one ({difference}). Restore into a state built exactly like the one that "
+        f"was saved (same model, optimizer, e.g. adam vs adamw, and fields); to change the "
+        f"structure, restore into the old one and convert it yourself."
+    )
+
+
 def _check_structure(saved: list[list[Any]], target: list[list[Any]], where: str) -> None:
     problems: list[str] = []
     saved_paths = [d[0] for d in saved]
     target_paths = [d[0] for d in target]
     if saved_paths != target_paths:
+        first = next(
+            (
+                f"first differing path: {t!r} in the state, {s!r} in the checkpoint"
+                for s, t in zip(saved_paths, target_paths, strict=False)
+                if s != t
+            ),
+            f"first differing path: "
+            f"{(saved_paths + target_paths)[min(len(saved_paths), len(target_paths))]!r}",
+        )
+        problems.append(first)
         missing = [p for p in saved_paths if p not in set(target_paths)]
         extra = [p for p in target_paths if p not in set(saved_paths)]
         if missing:
@@ -343,11 +413,7 @@ def _check_structure(saved: list[list[Any]], target: list[list[Any]], where: str
             if len(problems) >= 5:
                 break
     if problems:
-        raise ValueError(
-            f"cannot restore {where} into this state: it does not have the structure of "
-            f"the saved one ({'; '.join(problems)}). Restore into a state built exactly "
-            f"like the one that was saved (same model, optimizer and fields)."
-        )
+        raise structure_error(where, "; ".join(problems))
 
 
 def _is_key(value: Any) -> bool:
@@ -548,6 +614,34 @@ def _items(loop_state: LoopState) -> dict[str, Any]:
     return items
 
 
+def all_finite(state: Any) -> bool:
+    """Whether every float leaf of ``state`` is finite (no NaN, no inf).
+
+    Example:
+        >>> all_finite({"w": np.ones(2), "n": 3}), all_finite([np.array([1.0, np.nan])])
+        (True, False)
+    """
+    host: list[Any] = []
+    device: list[Any] = []
+    for leaf in jax.tree_util.tree_leaves(state):
+        if isinstance(leaf, jax.Array):
+            if jnp.issubdtype(leaf.dtype, jnp.inexact) and leaf.size:
+                device.append(leaf)
+        elif isinstance(leaf, float | np.floating | np.ndarray) and np.issubdtype(
+            np.asarray(leaf).dtype, np.inexact
+        ):
+            host.append(leaf)
+    if not all(bool(np.isfinite(leaf).all()) for leaf in host):
+        return False
+    return not device or bool(_device_finite(device))
+
+
+@jax.jit
+def _device_finite(leaves: list[jax.Array]) -> jax.Array:
+    # one reduction per leaf, one transfer of one bool for the whole state
+    return jnp.all(jnp.stack([jnp.isfinite(leaf).all() for leaf in leaves]))
+
+
 def save(
     manager: Any,
     loop_state: LoopState,
@@ -555,22 +649,36 @@ def save(
     value: float | None = None,
     monitor: str | None = None,
     mode: str = "min",
-) -> None:
+) -> bool:
     """Starts writing ``loop_state`` (at the end of a step) as checkpoint
     ``loop_state.elapsed.steps`` with ``manager`` (from :func:`open_writer`); with
     ``value``, the monitored value that ranks it. The write may go on in the background
-    (``manager.wait_until_finished()``)."""
+    (``manager.wait_until_finished()``); :class:`WriteFailed` if it cannot start. Returns
+    whether the state is finite: the orbax metrics say so (``{"finite": bool}``), so that
+    a non-finite state never evicts the newest finite checkpoint and resume and restore
+    pass it over."""
     import orbax.checkpoint as ocp
 
     items = _items(loop_state)
+    finite = all_finite(loop_state.state)
     args = {
         name: ocp.args.JsonSave(item) if name == "meta" else ocp.args.StandardSave(item)
         for name, item in items.items()
     }
-    metrics = None if value is None else {"value": value, "monitor": monitor, "mode": mode}
-    manager.save(
-        loop_state.elapsed.steps, args=ocp.args.Composite(**args), metrics=metrics, force=True
-    )
+    metrics: dict[str, Any] = {"finite": finite}
+    if value is not None:
+        metrics.update(value=value, monitor=monitor, mode=mode)
+    try:
+        manager.save(
+            loop_state.elapsed.steps, args=ocp.args.Composite(**args), metrics=metrics, force=True
+        )
+    except Exception as error:
+        raise WriteFailed(str(error)) from error
+    return finite
+
+
+class WriteFailed(RuntimeError):
+    """orbax could not start writing a checkpoint (its directory cannot be written...)."""
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -589,25 +697,84 @@ class Contents(NamedTuple):
     data_state: Any  #: the dataset's ``state_dict()``, or ``None``
 
 
+class DamagedCheckpoint(ValueError):
+    """A checkpoint that cannot be read: a truncated or missing file, a missing item, bad
+    JSON. Its message names the step, the file and the fix; ``step`` and ``file`` say them.
+    """
+
+    def __init__(self, message: str, *, step: int, file: str) -> None:
+        super().__init__(message)
+        self.step, self.file = step, file
+
+
+_REQUIRED_META = (
+    "elapsed",
+    "initial_elapsed",
+    "data",
+    "state_leaves",
+    "schedules",
+    "callbacks",
+    "history",
+    "logs",
+)
+_FILE_IN_ERROR = re.compile(r'(?:local )?file "([^"]+)"')
+
+#: Checkpoints passed over by a read in this process, ``{path: {step: why}}``:
+#: ``"damaged"`` or ``"non-finite"``. The writer of ``path`` replaces them when it reaches
+#: their step, setting them aside (:func:`set_aside`), never deleting them.
+_passed_over: dict[str, dict[int, str]] = {}
+
+
+def passed_over(path: str) -> dict[int, str]:
+    """The steps of ``path`` that a resume or restore of this process passed over, with
+    why (``"damaged"``, ``"non-finite"``)."""
+    return dict(_passed_over.get(path, {}))
+
+
+def _damaged(path: str, step: int, file: str, error: BaseException, steps: list[int]) -> Any:
+    others = sorted(s for s in steps if s != step)
+    return DamagedCheckpoint(
+        f"checkpoint {step} in {path!r} is damaged: cannot read {file!r} "
+        f"({type(error).__name__}: {str(error)[:200]}). Restore another step "
+        f"(step=..., this directory holds {others}), or resume=, which falls back to "
+        f"the newest intact checkpoint; move {os.path.join(path, str(step))!r} away to "
+        f"keep it from being tried.",
+        step=step,
+        file=file,
+    )
+
+
 def read(manager: Any, path: str, step: int, target: Any, *, copies: bool = True) -> Contents:
     """Reads checkpoint ``step`` of ``manager`` (from :func:`open_reader`) into the
     structure of ``target``; the state-shaped trees of callback states only when
     ``copies`` (a resumed loop needs them, ``restore`` does not: they come back ``None``).
 
     Raises:
+        DamagedCheckpoint: a file or item of the checkpoint is missing or unreadable.
         ValueError: not a ciclo checkpoint (of this format), or ``target`` does not have
             the saved structure.
     """
     import orbax.checkpoint as ocp
 
     where = f"checkpoint {step} in {path!r}"
-    meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    steps = list(manager.all_steps())
+    meta_file = os.path.join(path, str(step), "meta", "metadata")
+    try:
+        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        meta = meta["meta"]
+    except Exception as error:
+        raise _damaged(path, step, meta_file, error, steps) from error
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        if meta is None or (isinstance(meta, dict) and "format" not in meta):
+            raise _damaged(path, step, meta_file, ValueError("no format field"), steps)
         raise ValueError(
             f"{where} was not written by ciclo.checkpoint (or by an incompatible version: "
             f"format {meta.get('format') if isinstance(meta, dict) else None}, expected "
             f"{FORMAT})."
         )
+    missing = [key for key in _REQUIRED_META if key not in meta]
+    if missing:
+        raise _damaged(path, step, meta_file, KeyError(f"missing fields {missing}"), steps)
     described = [_describe(p, leaf) for p, leaf in _flatten(target)[0]]
     _check_structure(meta["state_leaves"], described, where)
     items: dict[str, Any] = {}
@@ -631,7 +798,15 @@ def read(manager: Any, path: str, step: int, target: Any, *, copies: bool = True
             copies_abstract[ref[_STATE]] = copy_abstract
     if copies_abstract:
         items["copies"] = ocp.args.StandardRestore(copies_abstract)
-    restored = manager.restore(step, args=ocp.args.Composite(**items)) if items else {}
+    try:
+        restored = manager.restore(step, args=ocp.args.Composite(**items)) if items else {}
+    except Exception as error:
+        if "tree structures do not match" in str(error):  # orbax's own structure check
+            difference = _saved_difference(path, step, target)
+            raise structure_error(where, difference) from None
+        found = _FILE_IN_ERROR.search(str(error))
+        file = found.group(1) if found else os.path.join(path, str(step), *items.keys())
+        raise _damaged(path, step, file, error, steps) from error
     state = _fill(target, meta["state_leaves"], restored["state"] if "state" in items else None)
     restored_copies = restored["copies"] if "copies" in items else {}
     filled = {
@@ -695,6 +870,121 @@ def _own_data_state(saved: Any) -> Any:
     return states[jax.process_index()]
 
 
+def _normal_paths(tree: Any) -> dict[str, str]:
+    """``{normalized path: shown path}`` of the leaves of ``tree``, empty inner nodes counted
+    as leaves; normalized as orbax stores a tree (tuples as lists, named fields as keys)."""
+
+    def empty(x: Any) -> bool:  # None, or a node without leaves (optax's EmptyState())
+        return x is None or jax.tree_util.tree_structure(x).num_leaves == 0  # type: ignore[attr-defined]
+
+    def part(key: Any) -> str:
+        for attribute in ("key", "idx", "name"):
+            if hasattr(key, attribute):
+                return str(getattr(key, attribute))
+        return str(key)
+
+    leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=empty)[0]
+    return {"/".join(part(k) for k in p): jax.tree_util.keystr(p) for p, _ in leaves}
+
+
+def _saved_difference(path: str, step: int, target: Any) -> str:
+    """The first path where ``target`` differs from the state saved in checkpoint
+    ``step`` (read from orbax's metadata of the ``state`` item)."""
+    try:
+        import orbax.checkpoint as ocp
+        from etils import epath  # type: ignore[import-untyped]
+
+        saved = ocp.StandardCheckpointHandler().metadata(epath.Path(path) / str(step) / "state")
+        saved_paths = _normal_paths(getattr(saved, "tree", saved))
+        tree = _state_to_save(target)[0]
+        target_paths = _normal_paths(tree)
+    except Exception:  # the metadata could not tell: say what is known
+        return "the same leaves, in a different tree (e.g. adam vs adamw optimizer states)"
+    for normal, shown in target_paths.items():
+        if normal not in saved_paths:
+            return f"first differing path: {shown}, in the state but not in the checkpoint"
+    for normal in saved_paths:
+        if normal not in target_paths:
+            return f"first differing path: {normal!r}, in the checkpoint but not in the state"
+    return "the same leaves, in a different tree (e.g. adam vs adamw optimizer states)"
+
+
+def is_finite_step(manager: Any, step: int) -> bool:
+    """Whether checkpoint ``step`` holds a finite state (by its orbax metrics; unreadable
+    metrics count as finite: reading it then tells)."""
+    try:
+        return _finite_metrics(manager.metrics(step))
+    except Exception:
+        return True
+
+
+def read_newest(manager: Any, path: str, target: Any, *, copies: bool = True) -> Contents:
+    """Reads the newest intact checkpoint of a finite state (:func:`read`).
+
+    Damaged checkpoints are passed over with a warning naming the step and the file;
+    checkpoints of a non-finite state (saved at a stop after a NaN) are passed over with a
+    warning while an older finite one exists. Nothing is deleted.
+
+    Raises:
+        DamagedCheckpoint: every checkpoint is damaged (the newest one's error).
+        ValueError: ``target`` does not have the saved structure (not passed over: the
+            other checkpoints have the same structure).
+    """
+    steps = sorted(manager.all_steps(), reverse=True)
+    finite = [step for step in steps if is_finite_step(manager, step)]
+    order = finite + [step for step in steps if step not in finite]
+    skipped = _passed_over.setdefault(path, {})
+    first_error: DamagedCheckpoint | None = None
+    for step in order:
+        try:
+            contents = read(manager, path, step, target, copies=copies)
+        except DamagedCheckpoint as error:
+            first_error = first_error or error
+            skipped[step] = "damaged"
+            warnings.warn(
+                f"ciclo: passing over damaged checkpoint {step} ({error.file!r}); reading "
+                f"the next older one. The damaged one is left in place.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            continue
+        nonfinite = [s for s in steps if s > step and s not in finite]
+        for later in nonfinite:
+            skipped[later] = "non-finite"
+        if nonfinite:
+            warnings.warn(
+                f"ciclo: checkpoints {sorted(nonfinite)} in {path!r} hold a non-finite state "
+                f"(NaN or inf, saved when the run stopped); reading checkpoint {step}, the "
+                f"newest finite one. They are left in place: restore(step=...) reads them.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        elif step not in finite:
+            warnings.warn(
+                f"ciclo: checkpoint {step} in {path!r} holds a non-finite state (NaN or "
+                f"inf) and no older intact checkpoint is finite; reading it.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return contents
+    assert first_error is not None
+    raise first_error
+
+
+def set_aside(path: str, step: int, why: str) -> str:
+    """Renames the step directory of checkpoint ``step`` to ``<step>.<why>[.n]`` (a name
+    orbax does not read as a step), so a new checkpoint of that step can be written;
+    returns the new path. Local directories only (a URL's is left in place)."""
+    source = os.path.join(path, str(step))
+    target = f"{source}.{why}"
+    n = 1
+    while os.path.exists(target):
+        n += 1
+        target = f"{source}.{why}.{n}"
+    os.rename(source, target)
+    return target
+
+
 def best_step(manager: Any, path: str) -> int:
     """The step whose monitored value is best (``ciclo.checkpoint(monitor=...)``).
 
@@ -704,7 +994,7 @@ def best_step(manager: Any, path: str) -> int:
     scored: list[tuple[float, int]] = []
     for step in manager.all_steps():
         metrics = manager.metrics(step)
-        if isinstance(metrics, Mapping) and "value" in metrics:
+        if isinstance(metrics, Mapping) and "value" in metrics and _finite_metrics(metrics):
             value = float(metrics["value"])
             if math.isnan(value):
                 continue

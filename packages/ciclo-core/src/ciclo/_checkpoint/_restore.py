@@ -31,13 +31,18 @@ def restore(directory: str | os.PathLike[str], state: Any, *, step: int | None =
         directory: the checkpoint directory.
         state: a state built like the saved one (e.g. freshly initialised); only its
             structure, shapes, dtypes and shardings are used.
-        step: which checkpoint (its ``elapsed.steps``); the latest by default.
+        step: which checkpoint (its ``elapsed.steps``). By default the newest intact
+            checkpoint of a finite state: a damaged one (a truncated or missing file, bad
+            JSON) and one of a non-finite state (saved at the stop after a NaN) are passed
+            over with a warning, and left in place.
 
     Returns:
         ``(state, history, elapsed)`` as the checkpointed loop had them.
 
     Raises:
         FileNotFoundError: no such directory, or no checkpoint in it.
+        ValueError: checkpoint ``step`` is damaged (the message names the file and the
+            fix), or, without ``step``, every checkpoint is.
         ValueError: ``state`` does not have the saved structure (the message lists
             the differing leaves).
 
@@ -53,17 +58,23 @@ def restore(directory: str | os.PathLike[str], state: Any, *, step: int | None =
         >>> float(state), elapsed.steps
         (6.0, 3)
     """
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        raise TypeError(
+            f"restore(step={step!r}): step must be an int, the number of steps a checkpoint "
+            f"holds (Checkpoint.all_steps() lists them), or None for the newest."
+        )
     path = _format.checkpoint_path(directory)
     manager = _format.open_reader(path, must_exist=True)
     try:
         steps = manager.all_steps()
         if step is None:
-            step = max(steps)
+            contents = _format.read_newest(manager, path, state, copies=False)
         elif step not in steps:
             raise FileNotFoundError(
                 f"no checkpoint of step {step} in {path!r}; it holds steps {sorted(steps)}."
             )
-        contents = _format.read(manager, path, step, state, copies=False)
+        else:
+            contents = _format.read(manager, path, step, state, copies=False)
     finally:
         manager.close()
     history = History()

@@ -102,16 +102,18 @@ def skip_consumed(dataset: Any, position: int, state: Any) -> Iterable[Any]:
 
 
 def resume(directory: str | os.PathLike[str], loop_state: LoopState) -> Iterable[Any]:
-    """Puts the latest checkpoint in ``directory`` into ``loop_state``; returns what the
-    loop should iterate (the dataset past the consumed batches). With no checkpoint
-    there, leaves ``loop_state`` as it is and returns its dataset."""
+    """Puts the newest intact checkpoint of a finite state in ``directory`` into
+    ``loop_state`` (damaged and non-finite ones are passed over with a warning, see
+    :func:`._format.read_newest`); returns what the loop should iterate (the dataset past
+    the consumed batches). With no checkpoint there, leaves ``loop_state`` as it is and
+    returns its dataset."""
     path = _format.checkpoint_path(directory)
     manager = _format.open_reader(path, must_exist=False)
     if manager is None:
         dataset: Iterable[Any] = loop_state.dataset
         return dataset
     try:
-        contents = _format.read(manager, path, max(manager.all_steps()), loop_state.state)
+        contents = _format.read_newest(manager, path, loop_state.state)
     finally:
         manager.close()
     where = f"checkpoint {contents.step} in {path!r}"

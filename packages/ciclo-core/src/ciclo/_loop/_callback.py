@@ -166,6 +166,12 @@ class Callback:
             return logs, (NO_CHANGE if state is None else state)
         if isinstance(out, Mapping):
             return self._as_logs(out, "a dict"), NO_CHANGE
+        if isinstance(out, str | bytes | set | frozenset):
+            raise TypeError(
+                f"callback {self.name} returned a {type(out).__name__} ({str(out)[:40]!r}), "
+                f"which cannot be a state. Return None, logs, (logs, state) or a new state "
+                f"(a pytree of arrays)."
+            )
         return None, out
 
     def _as_logs(self, value: Any, what: str) -> Logs | None:

@@ -57,6 +57,11 @@ def check_amount(caller: str, unit: str, value: object, *, allow_zero: bool) -> 
             f"{caller}: {unit} must be a number, got {value!r} ({type(value).__name__})."
         )
     number = int(value) if isinstance(value, numbers.Integral) else float(value)
+    if unit == "steps" and not float(number).is_integer():
+        raise TypeError(
+            f"{caller}: steps must be a whole number, got {value!r}. For a fraction of an "
+            f"epoch, count samples instead: {caller[:-2]}(samples=...)."
+        )
     if number < 0 or (number == 0 and not allow_zero):
         bound = "non-negative" if allow_zero else "positive"
         raise ValueError(f"{caller}: {unit} must be {bound}, got {value!r}.")

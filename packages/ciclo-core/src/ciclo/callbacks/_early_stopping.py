@@ -225,6 +225,15 @@ class EarlyStopping(LoopCallbackBase):
         """Returns the best state when ``restore_best_weights`` (stopped early or not)."""
         if not self.restore_best_weights or self.best_weights is None:
             return None
+        if self.best_step is None:  # every check was NaN: nothing is best
+            if self.verbose:
+                print(
+                    f"early_stopping: {self.monitor} was never a number (NaN at every check); "
+                    f"keeping the final state.",
+                    file=self.file if self.file is not None else sys.stdout,
+                    flush=True,
+                )
+            return None
         if self.verbose:
             print(
                 f"early_stopping: restoring the state of step {self.best_step} "

@@ -796,6 +796,7 @@ def train_step(fn: StepFunction) -> ManagedStep:
         >>> int(state.step)
         1
     """
+    _check_step_function(fn, "train_step")
     return ManagedStep(fn, differentiate=True)
 
 
@@ -813,4 +814,14 @@ def step(fn: StepFunction) -> ManagedStep:
         >>> float(logs.metrics.mean)
         1.0
     """
+    _check_step_function(fn, "step")
     return ManagedStep(fn, differentiate=False)
+
+
+def _check_step_function(fn: Any, decorator: str) -> None:
+    if not callable(fn):
+        raise TypeError(
+            f"ciclo.managed.{decorator}({fn!r}): expected the step function to decorate, got "
+            f"{type(fn).__name__}. Use it as a decorator: @ciclo.managed.{decorator} above "
+            f"def {decorator}(state, batch): ..."
+        )

@@ -1,0 +1,83 @@
+"""Checks of ``loop``'s keyword arguments, so that a wrong type is named where it is given,
+not found later as an obscure error deep in the loop."""
+
+from __future__ import annotations
+
+import numbers
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from .._records._history import History
+from .._time._elapsed import Elapsed
+
+__all__ = ["check_arguments", "checked_batch_size_fn"]
+
+
+def check_arguments(history: Any, elapsed: Any, batch_size_fn: Any, stop_signals: Any) -> None:
+    """Raises a ``TypeError`` naming the argument and the fix when one has the wrong type.
+
+    Example:
+        >>> check_arguments(None, None, None, (signal.SIGINT,))
+        >>> check_arguments(None, 3, None, ())
+        Traceback (most recent call last):
+        TypeError: loop(elapsed=3): expected a ciclo.Elapsed (what an earlier loop returned, e.g. state, history, elapsed = ciclo.loop(...)) or None, got int.
+    """  # noqa: E501
+    if history is not None and not isinstance(history, History):
+        raise TypeError(
+            f"loop(history={history!r}): expected a ciclo.History (e.g. one an earlier loop "
+            f"returned) or None, got {type(history).__name__}."
+        )
+    if elapsed is not None and not isinstance(elapsed, Elapsed):
+        raise TypeError(
+            f"loop(elapsed={elapsed!r}): expected a ciclo.Elapsed (what an earlier loop "
+            f"returned, e.g. state, history, elapsed = ciclo.loop(...)) or None, got "
+            f"{type(elapsed).__name__}."
+        )
+    if batch_size_fn is not None and not callable(batch_size_fn):
+        raise TypeError(
+            f"loop(batch_size_fn={batch_size_fn!r}): expected a function batch -> int (the "
+            f"number of samples in a batch), got {type(batch_size_fn).__name__}."
+        )
+    if isinstance(stop_signals, str | int) or not all(
+        isinstance(s, signal.Signals) for s in _items(stop_signals)
+    ):
+        raise TypeError(
+            f"loop(stop_signals={stop_signals!r}): expected a tuple of signal.Signals, e.g. "
+            f"stop_signals=(signal.SIGINT, signal.SIGTERM), or () for none; not names or "
+            f"numbers."
+        )
+
+
+def _items(value: Any) -> list[Any]:
+    try:
+        return list(value)
+    except TypeError:
+        return [None]
+
+
+def checked_batch_size_fn(fn: Callable[[Any], Any]) -> Callable[[Any], int]:
+    """``fn`` with its result checked: a non-negative integer.
+
+    Example:
+        >>> checked_batch_size_fn(len)([1, 2])
+        2
+        >>> checked_batch_size_fn(lambda b: -1)(None)
+        Traceback (most recent call last):
+        ValueError: loop(batch_size_fn=<lambda>) returned -1; it must return the number of samples in the batch, an int >= 0.
+    """  # noqa: E501
+
+    def batch_size(batch: Any) -> int:
+        size = fn(batch)
+        if isinstance(size, numbers.Integral) and not isinstance(size, bool):
+            if int(size) >= 0:
+                return size  # type: ignore[return-value]
+        elif getattr(size, "shape", None) == () and "int" in str(getattr(size, "dtype", "")):
+            return size  # type: ignore[no-any-return]  # a JAX integer: not synchronised here
+        name = getattr(fn, "__name__", repr(fn))
+        raise (ValueError if isinstance(size, numbers.Integral) else TypeError)(
+            f"loop(batch_size_fn={name}) returned {size!r}; it must return the number of "
+            f"samples in the batch, an int >= 0."
+        )
+
+    return batch_size

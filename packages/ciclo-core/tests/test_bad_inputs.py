@@ -1,0 +1,241 @@
+# ruff: noqa: E501
+"""The bad-input suite: each case is one line, ``(name, call, error type, match)``, where
+``call(d)`` makes a mistake a user makes (``d.T``: a fresh directory, ``d.F``: a file) and
+``match`` asserts that the error names the culprit (the start of the message) and the fix
+(its end). Adding a case is adding a line. Adapters: tests/test_bad_inputs_adapters.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import types
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import ciclo
+
+S = jnp.zeros(2)
+B = [np.ones((2, 1), np.float32)]
+H = ciclo.History()
+H.commit(ciclo.Elapsed.create(), ciclo.logs().add_loss("loss", 1.0))
+MS = ciclo.managed.ManagedState.create(params={"w": jnp.zeros(2)}, tx=optax.sgd(0.1))
+
+
+class SD:
+    """A dataset with state_dict / load_state_dict."""
+
+    def __init__(self) -> None:
+        self.p = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        while self.p < 10:
+            self.p += 1
+            yield B[0]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"p": self.p}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.p = state["p"]
+
+
+# fmt: off
+CASES = [
+    ('loop_tasks_list', lambda d: ciclo.loop(S, B, [lambda s: None]), TypeError, r"tasks\ must\ be\ a\ dict\ \{schedule:\ callback\ or\ \[.*mple:\ \{ciclo\.every\(1\):\ train_step\}\."),
+    ('loop_tasks_int_key', lambda d: ciclo.loop(S, B, {1: lambda s: None}), TypeError, r"a\ schedule\ must\ be\ a\ ciclo\ schedule\ or\ a\ call.*lambda\ elapsed:\ elapsed\.steps\ >\ 10\."),
+    ('loop_tasks_str_key', lambda d: ciclo.loop(S, B, {"every": lambda s: None}), TypeError, r"tasks\ key\ 'every'\ is\ a\ name,\ but\ loop\(\)\ needs.*in_loop\ /\ test_loop\ /\ predict_loop\."),
+    ('loop_callback_int', lambda d: ciclo.loop(S, B, {ciclo.every(1): 3}), TypeError, r"3\ is\ not\ a\ callback:\ give\ a\ function\ taking\ t.*loop_callback__\(loop_state\)\ method\."),
+    ('loop_callback_str', lambda d: ciclo.loop(S, B, {ciclo.every(1): "step"}), TypeError, r"'step'\ is\ not\ a\ callback:\ give\ a\ function\ tak.*loop_callback__\(loop_state\)\ method\."),
+    ('loop_stop_str', lambda d: ciclo.loop(S, B, {}, stop="10"), TypeError, r"stop\ must\ be\ an\ int\ \(steps\)\ or\ a\ ciclo\.at\(\.\.\..*0\ or\ stop=ciclo\.at\(samples=60_000\)\."),
+    ('loop_stop_float', lambda d: ciclo.loop(S, B, {}, stop=1.5), TypeError, r"stop\ must\ be\ an\ int\ \(steps\)\ or\ a\ ciclo\.at\(\.\.\..*0\ or\ stop=ciclo\.at\(samples=60_000\)\."),
+    ('loop_dataset_int', lambda d: ciclo.loop(S, 5, {}), TypeError, r"the\ dataset\ must\ be\ iterable\ \(a\ list,\ a\ gener.*y,\ call\ it:\ dataset=make_dataset\(\)\."),
+    ('loop_dataset_none', lambda d: ciclo.loop(S, None, {}), TypeError, r"the\ dataset\ must\ be\ iterable\ \(a\ list,\ a\ gener.*y,\ call\ it:\ dataset=make_dataset\(\)\."),
+    ('loop_elapsed_int', lambda d: ciclo.loop(S, B, {}, elapsed=3), TypeError, r"loop\(elapsed=3\):\ expected\ a\ ciclo\.Elapsed\ \(wh.*\ ciclo\.loop\(\.\.\.\)\)\ or\ None,\ got\ int\."),
+    ('loop_elapsed_dict', lambda d: ciclo.loop(S, B, {}, elapsed={"steps": 1}), TypeError, r"loop\(elapsed=\{'steps':\ 1\}\):\ expected\ a\ ciclo\..*ciclo\.loop\(\.\.\.\)\)\ or\ None,\ got\ dict\."),
+    ('loop_history_list', lambda d: ciclo.loop(S, B, {}, history=[]), TypeError, r"loop\(history=\[\]\):\ expected\ a\ ciclo\.History\ \(e.*r\ loop\ returned\)\ or\ None,\ got\ list\."),
+    ('loop_history_dict', lambda d: ciclo.loop(S, B, {}, history={}), TypeError, r"loop\(history=\{\}\):\ expected\ a\ ciclo\.History\ \(e.*r\ loop\ returned\)\ or\ None,\ got\ dict\."),
+    ('loop_batch_size_fn_str', lambda d: ciclo.loop(S, B, {}, batch_size_fn="len"), TypeError, r"loop\(batch_size_fn='len'\):\ expected\ a\ functio.*er\ of\ samples\ in\ a\ batch\),\ got\ str\."),
+    ('loop_batch_size_fn_float', lambda d: ciclo.loop(S, B, {}, batch_size_fn=lambda b: 1.5), TypeError, r"loop\(batch_size_fn=<lambda>\)\ returned\ 1\.5;\ it.*\ samples\ in\ the\ batch,\ an\ int\ >=\ 0\."),
+    ('loop_batch_size_fn_neg', lambda d: ciclo.loop(S, B, {}, batch_size_fn=lambda b: -1), ValueError, r"loop\(batch_size_fn=<lambda>\)\ returned\ \-1;\ it\ .*\ samples\ in\ the\ batch,\ an\ int\ >=\ 0\."),
+    ('loop_batch_size_fn_none', lambda d: ciclo.loop(S, B, {}, batch_size_fn=lambda b: None), TypeError, r"loop\(batch_size_fn=<lambda>\)\ returned\ None;\ i.*\ samples\ in\ the\ batch,\ an\ int\ >=\ 0\."),
+    ('loop_stop_signals_names', lambda d: ciclo.loop(S, B, {}, stop_signals=("SIGINT",)), TypeError, r"loop\(stop_signals=\('SIGINT',\)\):\ expected\ a\ tu.*\ \(\)\ for\ none;\ not\ names\ or\ numbers\."),
+    ('loop_stop_signals_str', lambda d: ciclo.loop(S, B, {}, stop_signals="SIGTERM"), TypeError, r"loop\(stop_signals='SIGTERM'\):\ expected\ a\ tupl.*\ \(\)\ for\ none;\ not\ names\ or\ numbers\."),
+    ('loop_stop_signals_int', lambda d: ciclo.loop(S, B, {}, stop_signals=15), TypeError, r"loop\(stop_signals=15\):\ expected\ a\ tuple\ of\ si.*\ \(\)\ for\ none;\ not\ names\ or\ numbers\."),
+    ('loop_resume_int', lambda d: ciclo.loop(S, B, {}, resume=3), TypeError, r"a\ checkpoint\ directory\ must\ be\ a\ str\ or\ a\ pat"),
+    ('loop_resume_file', lambda d: ciclo.loop(S, B, {}, resume=d.F), NotADirectoryError, r"checkpoint\ directory\ '.*'\ is\ a\ file,\ not\ a\ dir.*hat\ ciclo\.checkpoint\(\.\.\.\)\ wrote\ to\."),
+    ('loop_on_end_int', lambda d: ciclo.loop(S, B, {}, on_end=3), TypeError, r"3\ is\ not\ a\ callback:\ give\ a\ function\ taking\ t.*loop_callback__\(loop_state\)\ method\."),
+    ('loop_callback_returns_str', lambda d: ciclo.loop(S, B, {ciclo.every(1): lambda s: "done"}), TypeError, r"callback\ .*<lambda>\ returned\ a\ str\ \('done'\),\ wh.*r\ a\ new\ state\ \(a\ pytree\ of\ arrays\)\."),
+    ('loop_callback_returns_set', lambda d: ciclo.loop(S, B, {ciclo.every(1): lambda s: {1}}), TypeError, r"callback\ .*<lambda>\ returned\ a\ set\ \('\{1\}'\),\ whi.*r\ a\ new\ state\ \(a\ pytree\ of\ arrays\)\."),
+    ('loop_callback_returns_4tuple', lambda d: ciclo.loop(S, B, {ciclo.every(1): lambda s: (None, None, None, s)}), TypeError, r"callback\ .*<lambda>\ returned\ a\ tuple\ of\ 4\ items.*ogs,\ state\),\ logs,\ a\ state\ or\ None\."),
+    ('loop_callback_returns_1tuple', lambda d: ciclo.loop(S, B, {ciclo.every(1): lambda s: (s,)}), TypeError, r"callback\ .*<lambda>\ returned\ a\ tuple\ of\ 1\ items.*ogs,\ state\),\ logs,\ a\ state\ or\ None\."),
+    ('loop_callback_bad_logs', lambda d: ciclo.loop(S, B, {ciclo.every(1): lambda s: ({"metrics": 3}, s)}), TypeError, r"callback\ .*<lambda>\ returned\ the\ logs\ part\ of\ i.*e\ on\ its\ own,\ return\ \(None,\ state\)\."),
+    ('loop_callback_kwonly', lambda d: ciclo.loop(S, B, {ciclo.every(1): lambda s, *, lr: None}), TypeError, r"callback\ .*<lambda>\(s,\ \*,\ lr\)\ needs\ keyword\-onl.*r\ bind\ them\ with\ functools\.partial\."),
+    ('loop_callback_five_args', lambda d: ciclo.loop(S, B, {ciclo.every(1): lambda a, b, c, d, e: None}), TypeError, r"callback\ .*<lambda>\(a,\ b,\ c,\ d,\ e\)\ needs\ 5\ posi.*e,\ batch,\ elapsed,\ loop_state\):\ \.\.\."),
+    ('every_zero', lambda d: ciclo.every(0), ValueError, r"every\(\):\ steps\ must\ be\ positive,\ got\ 0\."),
+    ('every_negative', lambda d: ciclo.every(-2), ValueError, r"every\(\):\ steps\ must\ be\ positive,\ got\ \-2\."),
+    ('every_float_steps', lambda d: ciclo.every(steps=1.5), TypeError, r"every\(\):\ steps\ must\ be\ a\ whole\ number,\ got\ 1\..*amples\ instead:\ every\(samples=\.\.\.\)\."),
+    ('every_str', lambda d: ciclo.every("10"), TypeError, r"every\(\):\ steps\ must\ be\ a\ number,\ got\ '10'\ \(st"),
+    ('every_none', lambda d: ciclo.every(), ValueError, r"every\(\)\ needs\ exactly\ one\ period:\ steps,\ samp.*very\(100\)\ or\ every\(samples=10_000\)\."),
+    ('every_two_units', lambda d: ciclo.every(steps=1, samples=2), ValueError, r"every\(\)\ needs\ exactly\ one\ period:\ steps,\ samp.*very\(100\)\ or\ every\(samples=10_000\)\."),
+    ('every_time_zero', lambda d: ciclo.every(time=0), ValueError, r"every\(\):\ time\ must\ be\ positive,\ got\ 0\."),
+    ('every_time_neg', lambda d: ciclo.every(time=-1), ValueError, r"every\(\):\ time\ must\ be\ positive,\ got\ \-1\."),
+    ('every_bool', lambda d: ciclo.every(True), TypeError, r"every\(\):\ steps\ must\ be\ a\ number,\ got\ True\ \(bo"),
+    ('after_neg', lambda d: ciclo.after(-1), ValueError, r"after\(\):\ steps\ must\ be\ non\-negative,\ got\ \-1\."),
+    ('after_str', lambda d: ciclo.after("3"), TypeError, r"after\(\):\ steps\ must\ be\ a\ number,\ got\ '3'\ \(str"),
+    ('after_none', lambda d: ciclo.after(), ValueError, r"after\(\)\ needs\ exactly\ one\ period:\ steps,\ samp.*fter\(100\)\ or\ after\(samples=10_000\)\."),
+    ('piecewise_empty', lambda d: ciclo.piecewise({}), ValueError, r"piecewise\(\)\ needs\ at\ least\ one\ \{start:\ schedu"),
+    ('piecewise_unsorted', lambda d: ciclo.piecewise({10: ciclo.every(1), 0: ciclo.every(2)}), ValueError, r"piecewise\(\)\ starts\ must\ be\ increasing,\ got\ \[1.*lo\.every\(1\),\ 100:\ ciclo\.every\(10\)\}\."),
+    ('piecewise_value_int', lambda d: ciclo.piecewise({0: 3}), TypeError, r"a\ schedule\ must\ be\ a\ ciclo\ schedule\ or\ a\ call.*lambda\ elapsed:\ elapsed\.steps\ >\ 10\."),
+    ('piecewise_key_str', lambda d: ciclo.piecewise({"0": ciclo.every(1)}), TypeError, r"a\ piecewise\ start\ must\ be\ an\ int\ \(steps\)\ or\ a.*ise\ start=ciclo\.at\(samples=60_000\)\."),
+    ('at_none', lambda d: ciclo.at(), ValueError, r"at\(\)\ needs\ a\ period:\ give\ steps,\ samples,\ tim.*\.g\.\ at\(1000\)\ or\ at\(samples=60_000\)\."),
+    ('at_neg', lambda d: ciclo.at(-1), ValueError, r"at\(\):\ steps\ must\ be\ non\-negative,\ got\ \-1\."),
+    ('at_str', lambda d: ciclo.at("1"), TypeError, r"at\(\):\ steps\ must\ be\ a\ number,\ got\ '1'\ \(str\)\."),
+    ('elapse_int', lambda d: ciclo.elapse(3), TypeError, r"the\ dataset\ must\ be\ iterable\ \(a\ list,\ a\ gener.*y,\ call\ it:\ dataset=make_dataset\(\)\."),
+    ('schedule_and_int', lambda d: ciclo.every(1) & 3, TypeError, r"a\ schedule\ must\ be\ a\ ciclo\ schedule\ or\ a\ call.*lambda\ elapsed:\ elapsed\.steps\ >\ 10\."),
+    ('schedule_or_str', lambda d: ciclo.every(1) | "x", TypeError, r"a\ schedule\ must\ be\ a\ ciclo\ schedule\ or\ a\ call.*lambda\ elapsed:\ elapsed\.steps\ >\ 10\."),
+    ('logs_entry_missing', lambda d: ciclo.logs().add_loss("loss", 1.0).entry_value("lost"), KeyError, r"no\ log\ entry\ 'lost';\ entries:\ \['losses\.loss'\]"),
+    ('history_collect_missing', lambda d: H.collect("nope"), KeyError, r"history\ has\ no\ key\ 'nope';\ available\ keys:\ \['.*ps',\ 'elapsed\.time',\ 'losses\.loss'\]"),
+    ('history_collect_none', lambda d: ciclo.History().collect("loss"), KeyError, r"history\ has\ no\ key\ 'loss';\ available\ keys:\ \['.*',\ 'elapsed\.steps',\ 'elapsed\.time'\]"),
+    ('history_plot_missing', lambda d: H.plot("nope"), KeyError, r"history\ has\ no\ key\ 'nope';\ available\ keys:\ \['.*ps',\ 'elapsed\.time',\ 'losses\.loss'\]"),
+    ('tqdm_bar_total_str', lambda d: ciclo.tqdm_bar(total="10"), TypeError, r"tqdm_bar\(total\)\ must\ be\ an\ int\ \(steps\)\ or\ a\ c.*ar\(total\)=ciclo\.at\(samples=60_000\)\."),
+    ('keras_bar_total_str', lambda d: ciclo.keras_bar(total="10"), TypeError, r"keras_bar\(total\)\ must\ be\ an\ int\ \(steps\)\ or\ a\ .*ar\(total\)=ciclo\.at\(samples=60_000\)\."),
+    ('keras_bar_interval_neg', lambda d: ciclo.keras_bar(total=10, interval=-1), ValueError, r"keras_bar:\ interval\ must\ be\ >=\ 0\ seconds,\ got"),
+    ('inner_loop_bad', lambda d: ciclo.inner_loop(3, lambda s: None), TypeError, r"inner_loop\ name\ must\ be\ a\ non\-empty\ string,\ g"),
+    ('checkpoint_keep_zero', lambda d: ciclo.checkpoint(d.T, keep=0), ValueError, r"checkpoint\(keep=0\):\ keep\ must\ be\ a\ positive\ i.*oints\ to\ keep\)\ or\ None\ to\ keep\ all\."),
+    ('checkpoint_keep_str', lambda d: ciclo.checkpoint(d.T, keep="2"), ValueError, r"checkpoint\(keep='2'\):\ keep\ must\ be\ a\ positive.*oints\ to\ keep\)\ or\ None\ to\ keep\ all\."),
+    ('checkpoint_keep_bool', lambda d: ciclo.checkpoint(d.T, keep=True), ValueError, r"checkpoint\(keep=True\):\ keep\ must\ be\ a\ positiv.*oints\ to\ keep\)\ or\ None\ to\ keep\ all\."),
+    ('checkpoint_mode', lambda d: ciclo.checkpoint(d.T, mode="lowest"), ValueError, r"checkpoint\(mode='lowest'\):\ mode\ must\ be\ 'min'"),
+    ('checkpoint_monitor_int', lambda d: ciclo.checkpoint(d.T, monitor=3), TypeError, r"checkpoint\(monitor=3\):\ monitor\ must\ be\ the\ na.*\ e\.g\.\ 'loss'\ or\ 'metrics\.accuracy'\."),
+    ('checkpoint_monitor_empty', lambda d: ciclo.checkpoint(d.T, monitor=""), TypeError, r"checkpoint\(monitor=''\):\ monitor\ must\ be\ the\ n.*\ e\.g\.\ 'loss'\ or\ 'metrics\.accuracy'\."),
+    ('checkpoint_dir_int', lambda d: ciclo.checkpoint(3), TypeError, r"a\ checkpoint\ directory\ must\ be\ a\ str\ or\ a\ pat"),
+    ('checkpoint_dir_file', lambda d: ciclo.checkpoint(d.F), NotADirectoryError, r"checkpoint\ directory\ '.*'\ is\ a\ file\.\ Give\ cicl"),
+    ('checkpoint_monitor_never_logged', lambda d: ciclo.loop(S, B, {ciclo.every(1): ciclo.checkpoint(d.T, monitor="acc")}), KeyError, r"ciclo\.checkpoint\(monitor='acc'\):\ no\ log\ entry.*logged\ \(e\.g\.\ after\ the\ evaluation\)\."),
+    ('checkpoint_later_steps', lambda d: (ciclo.loop(S, B * 3, {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.loop(S, B, {ciclo.every(1): ciclo.checkpoint(d.T)})), FileExistsError, r"checkpoint\ directory\ '.*'\ already\ holds\ checkp.*ume=\.\.\.\),\ or\ use\ another\ directory\."),
+    ('restore_missing_dir', lambda d: ciclo.restore(d.T + "/nope", S), FileNotFoundError, r"checkpoint\ directory\ '.*'\ does\ not\ exist\.\ Give.*hat\ ciclo\.checkpoint\(\.\.\.\)\ wrote\ to\."),
+    ('restore_file', lambda d: ciclo.restore(d.F, S), NotADirectoryError, r"checkpoint\ directory\ '.*'\ is\ a\ file,\ not\ a\ dir.*hat\ ciclo\.checkpoint\(\.\.\.\)\ wrote\ to\."),
+    ('restore_empty_dir', lambda d: ciclo.restore(d.T, S), FileNotFoundError, r"checkpoint\ directory\ '.*'\ holds\ no\ checkpoint\ .*ng\ was\ interrupted\ are\ not\ counted\."),
+    ('restore_dir_int', lambda d: ciclo.restore(3, S), TypeError, r"a\ checkpoint\ directory\ must\ be\ a\ str\ or\ a\ pat"),
+    ('restore_bad_step', lambda d: (ciclo.loop(S, B, {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.restore(d.T, S, step=99)), FileNotFoundError, r"no\ checkpoint\ of\ step\ 99\ in\ '.*';\ it\ holds\ ste"),
+    ('restore_wrong_structure', lambda d: (ciclo.loop(S, B, {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.restore(d.T, {"other": S})), ValueError, r"cannot\ restore\ checkpoint\ 1\ in\ '.*'\ into\ this\ .*he\ old\ one\ and\ convert\ it\ yourself\."),
+    ('restore_wrong_shape', lambda d: (ciclo.loop(S, B, {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.restore(d.T, jnp.zeros(5))), ValueError, r"cannot\ restore\ checkpoint\ 1\ in\ '.*'\ into\ this\ .*he\ old\ one\ and\ convert\ it\ yourself\."),
+    ('restore_best_no_monitor', lambda d: (ciclo.loop(S, B, {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.restore_best(d.T, S)), ValueError, r"no\ checkpoint\ in\ '.*'\ has\ a\ monitored\ value,\ s.*,\ monitor='<log\ entry>',\ mode=\.\.\.\)\."),
+    ('resume_other_tasks', lambda d: (ciclo.loop(S, B, {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.loop(S, B, {ciclo.every(1): [lambda s: None, ciclo.checkpoint(d.T)], ciclo.every(2): lambda s: None}, resume=d.T)), ValueError, r"checkpoint\ 1\ in\ '.*'\ was\ written\ by\ a\ loop\ wit.*same\ order\)\ as\ the\ interrupted\ run\."),
+    ('resume_wrong_structure', lambda d: (ciclo.loop(S, B, {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.loop({"x": S}, B, {ciclo.every(1): ciclo.checkpoint(d.T)}, resume=d.T)), ValueError, r"cannot\ restore\ checkpoint\ 1\ in\ '.*'\ into\ this\ .*he\ old\ one\ and\ convert\ it\ yourself\."),
+    ('evaluate_checkpoints_dataset_list', lambda d: ciclo.evaluate_checkpoints(d.T, S, B), TypeError, r"evaluate_checkpoints:\ dataset\ must\ be\ a\ zero\-.*et=lambda:\ batches\(x_test,\ y_test\)\."),
+    ('evaluate_checkpoints_poll', lambda d: ciclo.evaluate_checkpoints(d.T, S, lambda: B, poll_interval=0), ValueError, r"evaluate_checkpoints\(poll_interval=0\)\ must\ be"),
+    ('evaluate_checkpoints_timeout', lambda d: ciclo.evaluate_checkpoints(d.T, S, lambda: B, timeout=-1), ValueError, r"evaluate_checkpoints\(timeout=\-1\)\ must\ be\ >=\ 0"),
+    ('evaluate_checkpoints_empty_dict', lambda d: ciclo.evaluate_checkpoints(d.T, S, {}), ValueError, r"evaluate_checkpoints:\ dataset\ is\ an\ empty\ dic.*ction\}\ for\ several\ evaluation\ sets\."),
+    ('evaluate_checkpoints_name_int', lambda d: ciclo.evaluate_checkpoints(d.T, S, {1: lambda: B}), TypeError, r"evaluate_checkpoints:\ dataset\ names\ must\ be\ n"),
+    ('evaluate_checkpoints_missing', lambda d: ciclo.evaluate_checkpoints(d.T + "/nope", S, lambda: B), FileNotFoundError, r"checkpoint\ directory\ '.*'\ does\ not\ exist\.\ Give.*hat\ ciclo\.checkpoint\(\.\.\.\)\ wrote\ to\."),
+    ('train_loop_test_dataset_list', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, test_dataset=B), TypeError, r"test_dataset\ must\ be\ a\ zero\-argument\ function.*mbda:\ make_batches\(x_test,\ y_test\)\."),
+    ('train_loop_epoch_str', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, epoch_duration="1"), TypeError, r"epoch_duration\ must\ be\ an\ int\ \(steps\)\ or\ a\ ci.*_duration=ciclo\.at\(samples=60_000\)\."),
+    ('train_loop_test_name_empty', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, test_dataset=lambda: B, test_name=""), TypeError, r"test_dataset\ names\ must\ be\ non\-empty\ strings,"),
+    ('train_loop_callbacks_not_list', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, callbacks=lambda s: None), TypeError, r"train_loop:\ callbacks\ must\ be\ a\ list\ of\ callb.*\ callbacks=\[ciclo\.keras_bar\(1000\)\]\."),
+    ('train_loop_no_step', lambda d: ciclo.train_loop(3, B, {}), ValueError, r"train_loop\ has\ no\ train_step:\ give\ tasks=\{cic.*a\ state\ with\ a\ `train_step`\ method\."),
+    ('train_loop_test_duration_str', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, test_dataset=lambda: B, test_duration="2"), TypeError, r"test_duration\ for\ 'test'\ must\ be\ an\ int\ \(step.*or\ 'test'=ciclo\.at\(samples=60_000\)\."),
+    ('test_loop_no_step', lambda d: ciclo.test_loop(3, B, {}), ValueError, r"test_loop\ has\ no\ test_step:\ give\ tasks=\{ciclo.*\ a\ state\ with\ a\ `test_step`\ method\."),
+    ('test_loop_dataset_int', lambda d: ciclo.test_loop(S, 3, {ciclo.on_test_step: lambda s: None}), TypeError, r"the\ dataset\ must\ be\ iterable\ \(a\ list,\ a\ gener.*y,\ call\ it:\ dataset=make_dataset\(\)\."),
+    ('predict_loop_no_step', lambda d: ciclo.predict_loop(3, B, {}), ValueError, r"predict_loop\ has\ no\ predict_step:\ give\ tasks=.*state\ with\ a\ `predict_step`\ method\."),
+    ('predict_loop_dataset_int', lambda d: ciclo.predict_loop(S, 3, {ciclo.on_predict_step: lambda s, b: b}), TypeError, r"the\ dataset\ must\ be\ iterable\ \(a\ list,\ a\ gener.*y,\ call\ it:\ dataset=make_dataset\(\)\."),
+    ('named_schedule_bad_key', lambda d: ciclo.loop(S, B, {ciclo.on_train_step: lambda s: None}), TypeError, r"tasks\ key\ ciclo\.on_train_step\ is\ a\ named\ sche.*\ a\ schedule\ such\ as\ ciclo\.every\(1\)\."),
+    ('managed_train_step_int', lambda d: ciclo.managed.train_step(42), TypeError, r"ciclo\.managed\.train_step\(42\):\ expected\ the\ st.*e\ def\ train_step\(state,\ batch\):\ \.\.\."),
+    ('managed_step_int', lambda d: ciclo.managed.step(42), TypeError, r"ciclo\.managed\.step\(42\):\ expected\ the\ step\ fun.*p\ above\ def\ step\(state,\ batch\):\ \.\.\."),
+    ('managed_train_step_str', lambda d: ciclo.managed.train_step("f"), TypeError, r"ciclo\.managed\.train_step\('f'\):\ expected\ the\ s.*e\ def\ train_step\(state,\ batch\):\ \.\.\."),
+    ('managed_strategy_unknown', lambda d: ciclo.managed.get_strategy("nope"), ValueError, r"unknown\ strategy\ 'nope';\ known\ strategies:\ \['.*d\.register_strategy\(name,\ factory\)\."),
+    ('managed_strategy_int', lambda d: ciclo.managed.get_strategy(3), TypeError, r"strategy\ must\ be\ a\ name\ such\ as\ 'jit'\ or\ a\ ci"),
+    ('managed_register_int', lambda d: ciclo.managed.register_strategy(3, lambda: None), TypeError, r"a\ strategy\ name\ must\ be\ a\ non\-empty\ string,\ g"),
+    ('create_state_int', lambda d: ciclo.create_state(3), TypeError, r"ciclo\.create_state\ cannot\ build\ a\ state\ for\ a.*iclo\.managed\.ManagedState\ yourself\."),
+    ('create_state_none', lambda d: ciclo.create_state(None), TypeError, r"ciclo\.create_state\ cannot\ build\ a\ state\ for\ a.*iclo\.managed\.ManagedState\ yourself\."),
+    ('es_mode', lambda d: ciclo.early_stopping("loss", 3, mode="lowest"), ValueError, r"early_stopping:\ mode\ must\ be\ 'min'\ \(lower\ is\ .*'\ \(e\.g\.\ an\ accuracy\),\ got\ 'lowest'\."),
+    ('es_patience_neg', lambda d: ciclo.early_stopping("loss", -1), TypeError, r"early_stopping:\ patience\ must\ be\ a\ number\ of\ .*ch\ as\ ciclo\.at\(steps=1000\),\ got\ \-1\."),
+    ('es_patience_float', lambda d: ciclo.early_stopping("loss", 1.5), TypeError, r"early_stopping:\ patience\ must\ be\ a\ number\ of\ .*h\ as\ ciclo\.at\(steps=1000\),\ got\ 1\.5\."),
+    ('es_monitor_int', lambda d: ciclo.early_stopping(3, 2), TypeError, r"early_stopping:\ monitor\ must\ be\ the\ name\ of\ a.*\ or\ 'metrics\.accuracy_test',\ got\ 3\."),
+    ('es_monitor_empty', lambda d: ciclo.early_stopping("", 2), TypeError, r"early_stopping:\ monitor\ must\ be\ the\ name\ of\ a.*or\ 'metrics\.accuracy_test',\ got\ ''\."),
+    ('es_min_delta_neg', lambda d: ciclo.early_stopping("loss", 2, min_delta=-1.0), ValueError, r"early_stopping:\ min_delta\ must\ be\ >=\ 0,\ got\ \-"),
+    ('es_min_delta_mode', lambda d: ciclo.early_stopping("loss", 2, min_delta_mode="pct"), ValueError, r"early_stopping:\ min_delta_mode\ must\ be\ 'abs'\ .*\ by\ min_delta\ \*\ \|best\|\),\ got\ 'pct'\."),
+    ('es_start_from_str', lambda d: ciclo.early_stopping("loss", 2, start_from="1"), TypeError, r"start_from\ must\ be\ an\ int\ \(steps\)\ or\ a\ ciclo\..*tart_from=ciclo\.at\(samples=60_000\)\."),
+    ('es_never_logged', lambda d: ciclo.loop(S, B, {ciclo.every(1): ciclo.early_stopping("loss", 2)}), KeyError, r"early_stopping:\ monitor\ 'loss'\ is\ not\ in\ the\ .*ng,\ or\ the\ step\ that\ should\ log\ it\."),
+    ('tqdm_total_str', lambda d: ciclo.tqdm_bar("10"), TypeError, r"tqdm_bar\(total\)\ must\ be\ an\ int\ \(steps\)\ or\ a\ c.*ar\(total\)=ciclo\.at\(samples=60_000\)\."),
+    ('tqdm_total_float', lambda d: ciclo.tqdm_bar(1.5), TypeError, r"tqdm_bar\(total\)\ must\ be\ an\ int\ \(steps\)\ or\ a\ c.*ar\(total\)=ciclo\.at\(samples=60_000\)\."),
+    ('tqdm_interval_neg', lambda d: ciclo.tqdm_bar(10, interval=-1), ValueError, r"tqdm_bar:\ interval\ must\ be\ >=\ 0\ seconds,\ got\ "),
+    ('keras_total_str', lambda d: ciclo.keras_bar("10"), TypeError, r"keras_bar\(total\)\ must\ be\ an\ int\ \(steps\)\ or\ a\ .*ar\(total\)=ciclo\.at\(samples=60_000\)\."),
+    ('keras_interval_neg', lambda d: ciclo.keras_bar(10, interval=-1), ValueError, r"keras_bar:\ interval\ must\ be\ >=\ 0\ seconds,\ got"),
+    ('csv_missing_parent', lambda d: ciclo.csv_logger(d.T + "/no/such/x.csv"), FileNotFoundError, r"csv_logger:\ the\ directory\ of\ '.*'\ does\ not\ exi.*\.\ os\.makedirs\('.*',\ exist_ok=True\)\)\."),
+    ('inner_name_empty', lambda d: ciclo.inner_loop("", lambda state: ciclo.test_loop(state, B, {})), TypeError, r"inner_loop\ name\ must\ be\ a\ non\-empty\ string,\ g"),
+    ('inner_fn_int', lambda d: ciclo.inner_loop("valid", 3), TypeError, r"inner_loop\('valid'\):\ loop_fn\ must\ be\ a\ functi.*>\ \(state,\ history,\ elapsed\),\ got\ 3\."),
+    ('inner_aggregation_bad', lambda d: ciclo.inner_loop("valid", lambda state: None, aggregation="median"), ValueError, r"unknown\ aggregation\ 'median'\ ;\ use\ one\ of\ 'la.*r\ a\ dict\ \{collection:\ aggregation\}\."),
+    ('inner_returns_int', lambda d: ciclo.loop(S, B, {ciclo.every(1): ciclo.inner_loop("valid", lambda state: 3)}), TypeError, r"inner_loop\('valid'\):\ the\ loop\ function\ return.*\.test_loop\(state,\ make_dataset\(\)\)\)\."),
+    ('logs_entry_missing_2', lambda d: ciclo.logs().add_loss("loss", 1.0).entry_value("lost"), KeyError, r"no\ log\ entry\ 'lost';\ entries:\ \['losses\.loss'\]"),
+    ('at_float_steps', lambda d: ciclo.at(steps=1.5), TypeError, r"at\(\):\ steps\ must\ be\ a\ whole\ number,\ got\ 1\.5\.\ .*t\ samples\ instead:\ at\(samples=\.\.\.\)\."),
+    ('at_date_str', lambda d: ciclo.at(date="tomorrow"), TypeError, r"at\(\):\ date\ must\ be\ a\ number,\ got\ 'tomorrow'\ \("),
+    ('at_time_neg', lambda d: ciclo.at(time=-1), ValueError, r"at\(\):\ time\ must\ be\ non\-negative,\ got\ \-1\."),
+    ('every_list', lambda d: ciclo.every([1]), TypeError, r"every\(\):\ steps\ must\ be\ a\ number,\ got\ \[1\]\ \(lis"),
+    ('after_float_steps', lambda d: ciclo.after(steps=2.5), TypeError, r"after\(\):\ steps\ must\ be\ a\ whole\ number,\ got\ 2\..*amples\ instead:\ after\(samples=\.\.\.\)\."),
+    ('after_two', lambda d: ciclo.after(steps=1, time=2), ValueError, r"after\(\)\ needs\ exactly\ one\ period:\ steps,\ samp.*fter\(100\)\ or\ after\(samples=10_000\)\."),
+    ('loop_on_start_int', lambda d: ciclo.loop(S, B, {}, on_start=3), TypeError, r"3\ is\ not\ a\ callback:\ give\ a\ function\ taking\ t.*loop_callback__\(loop_state\)\ method\."),
+    ('loop_schedule_none_key', lambda d: ciclo.loop(S, B, {None: lambda s: None}), TypeError, r"a\ schedule\ must\ be\ a\ ciclo\ schedule\ or\ a\ call.*lambda\ elapsed:\ elapsed\.steps\ >\ 10\."),
+    ('loop_tasks_tuple_of_int', lambda d: ciclo.loop(S, B, {ciclo.every(1): (3,)}), TypeError, r"3\ is\ not\ a\ callback:\ give\ a\ function\ taking\ t.*loop_callback__\(loop_state\)\ method\."),
+    ('train_test_dict_value_list', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, test_dataset={"valid": B}), TypeError, r"test_dataset\['valid'\]\ must\ be\ a\ zero\-argument.*mbda:\ make_batches\(x_test,\ y_test\)\."),
+    ('train_stop_str', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, stop="3"), TypeError, r"stop\ must\ be\ an\ int\ \(steps\)\ or\ a\ ciclo\.at\(\.\.\..*0\ or\ stop=ciclo\.at\(samples=60_000\)\."),
+    ('train_history_list', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, history=[]), TypeError, r"loop\(history=\[\]\):\ expected\ a\ ciclo\.History\ \(e.*r\ loop\ returned\)\ or\ None,\ got\ list\."),
+    ('train_elapsed_int', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, elapsed=3), TypeError, r"loop\(elapsed=3\):\ expected\ a\ ciclo\.Elapsed\ \(wh.*\ ciclo\.loop\(\.\.\.\)\)\ or\ None,\ got\ int\."),
+    ('train_tasks_list', lambda d: ciclo.train_loop(S, B, [lambda s: None]), TypeError, r"train_loop:\ tasks\ must\ be\ a\ dict\ \{schedule:\ c.*mple:\ \{ciclo\.on_epoch_end:\ report\}\."),
+    ('train_callbacks_int', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, callbacks=[3]), TypeError, r"callback\ int\ has\ no\ hook\ that\ train_loop\ call.*tasks=\{ciclo\.every\(100\):\ callback\}\."),
+    ('train_test_step_missing', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, test_dataset=lambda: B), ValueError, r"train_loop\ got\ a\ test_dataset\ but\ no\ test\ ste.*\ a\ state\ with\ a\ `test_step`\ method\."),
+    ('train_dataset_int', lambda d: ciclo.train_loop(S, 3, {ciclo.on_train_step: lambda s: None}), TypeError, r"the\ dataset\ must\ be\ iterable\ \(a\ list,\ a\ gener.*y,\ call\ it:\ dataset=make_dataset\(\)\."),
+    ('test_tasks_list', lambda d: ciclo.test_loop(S, B, [lambda s: None]), TypeError, r"test_loop:\ tasks\ must\ be\ a\ dict\ \{schedule:\ ca.*mple:\ \{ciclo\.on_epoch_end:\ report\}\."),
+    ('test_stop_str', lambda d: ciclo.test_loop(S, B, {ciclo.on_test_step: lambda s: None}, stop="1"), TypeError, r"stop\ must\ be\ an\ int\ \(steps\)\ or\ a\ ciclo\.at\(\.\.\..*0\ or\ stop=ciclo\.at\(samples=60_000\)\."),
+    ('predict_tasks_list', lambda d: ciclo.predict_loop(S, B, [lambda s: None]), TypeError, r"predict_loop:\ tasks\ must\ be\ a\ dict\ \{schedule:.*mple:\ \{ciclo\.on_epoch_end:\ report\}\."),
+    ('test_every_key_ok', lambda d: ciclo.test_loop(S, B, {ciclo.on_train_step: lambda s: None}), ValueError, r"ciclo\.on_train_step\ is\ not\ a\ moment\ of\ test_l.*ep,\ on_test_batch_end,\ on_test_end\."),
+    ('ms_create_tx_int', lambda d: ciclo.managed.ManagedState.create(params={"w": jnp.zeros(2)}, tx=3), TypeError, r"tx\ must\ be\ an\ optax\ optimizer\ such\ as\ optax\.a"),
+    ('ms_create_strategy_bad', lambda d: ciclo.managed.ManagedState.create(params={"w": jnp.zeros(2)}, tx=optax.sgd(0.1), strategy="nope"), ValueError, r"unknown\ strategy\ 'nope';\ known\ strategies:\ \['.*d\.register_strategy\(name,\ factory\)\."),
+    ('ms_create_strategy_int', lambda d: ciclo.managed.ManagedState.create(params={"w": jnp.zeros(2)}, tx=optax.sgd(0.1), strategy=3), TypeError, r"strategy\ must\ be\ a\ name\ such\ as\ 'jit'\ or\ a\ ci"),
+    ('ms_replace_unknown', lambda d: ciclo.managed.ManagedState.create(params={"w": jnp.zeros(2)}, tx=optax.sgd(0.1)).replace(nope=1), TypeError, r"ManagedState\.replace\(\)\ got\ an\ unknown\ field\ '.*t\ create\(\.\.\.,\ extra=\{'nope':\ \.\.\.\}\)\."),
+    ('ms_getattr_unknown', lambda d: ciclo.managed.ManagedState.create(params={"w": jnp.zeros(2)}, tx=optax.sgd(0.1)).nope, AttributeError, r"ManagedState\ has\ no\ field\ 'nope'\ Extra\ fields"),
+    ('mstep_statics_unhashable', lambda d: ciclo.managed.train_step(lambda state, batch, broadcasts, statics: None)(MS, B[0], statics=[1]), TypeError, r"managed\ step\ <lambda>:\ statics\ must\ be\ hashab.*ataclass;\ put\ arrays\ in\ broadcasts\."),
+    ('mstep_bad_args', lambda d: ciclo.managed.train_step(lambda state, batch: None)(MS, B[0], broadcasts=1), TypeError, r"managed\ step\ <lambda>\ was\ given\ broadcasts,\ b.*e,\ batch,\ broadcasts,\ statics\):\ \.\.\."),
+    ('mstep_many_empty', lambda d: ciclo.managed.train_step(lambda state, batch: None).many(MS, []), ValueError, r"<lambda>\.many\(state,\ batches\)\ needs\ at\ least\ "),
+    ('strategy_jit_bad', lambda d: ciclo.managed.jit(steps_per_call=0), ValueError, r"jit\(steps_per_call=\.\.\.\)\ must\ be\ a\ positive\ in.*t\ 0;\ steps_per_call=1\ turns\ it\ off\."),
+    ('strategy_jit_str', lambda d: ciclo.managed.jit(steps_per_call="2"), ValueError, r"jit\(steps_per_call=\.\.\.\)\ must\ be\ a\ positive\ in.*'2';\ steps_per_call=1\ turns\ it\ off\."),
+    ('register_strategy_fn_int', lambda d: ciclo.managed.register_strategy("mine", 3), TypeError, r"register_strategy\('mine',\ factory\):\ factory\ m.*ng\ a\ ciclo\.managed\.Strategy,\ got\ 3\."),
+    ('register_strategy_empty', lambda d: ciclo.managed.register_strategy("", lambda: None), TypeError, r"a\ strategy\ name\ must\ be\ a\ non\-empty\ string,\ g"),
+    ('create_state_int_2', lambda d: ciclo.create_state(3), TypeError, r"ciclo\.create_state\ cannot\ build\ a\ state\ for\ a.*iclo\.managed\.ManagedState\ yourself\."),
+    ('ckpt_async_str', lambda d: ciclo.checkpoint(d.T, async_save="yes"), TypeError, r"checkpoint\(async_save='yes'\):\ expected\ True\ o"),
+    ('restore_step_str', lambda d: (ciclo.loop(S, B, {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.restore(d.T, S, step="1")), TypeError, r"restore\(step='1'\):\ step\ must\ be\ an\ int,\ the\ n.*ists\ them\),\ or\ None\ for\ the\ newest\."),
+    ('restore_best_file', lambda d: ciclo.restore_best(d.F, S), NotADirectoryError, r"checkpoint\ directory\ '.*'\ is\ a\ file,\ not\ a\ dir.*hat\ ciclo\.checkpoint\(\.\.\.\)\ wrote\ to\."),
+    ('restore_best_missing', lambda d: ciclo.restore_best(d.T + "/nope", S), FileNotFoundError, r"checkpoint\ directory\ '.*'\ does\ not\ exist\.\ Give.*hat\ ciclo\.checkpoint\(\.\.\.\)\ wrote\ to\."),
+    ('resume_generator_too_short', lambda d: (ciclo.loop(S, iter(B * 3), {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.loop(S, iter(B), {ciclo.every(1): ciclo.checkpoint(d.T)}, resume=d.T, stop=5)), ValueError, r"the\ dataset\ ended\ after\ 1\ batches\ while\ skipp.*umed:\ resume\ with\ the\ same\ dataset\."),
+    ('resume_stateful_into_list', lambda d: (ciclo.loop(S, SD(), {ciclo.every(1): ciclo.checkpoint(d.T)}, stop=2), ciclo.loop(S, B * 3, {ciclo.every(1): ciclo.checkpoint(d.T)}, resume=d.T)), TypeError, r"the\ checkpoint\ holds\ the\ dataset's\ state_dict.*\ of\ dataset\ as\ the\ interrupted\ run\."),
+]
+# fmt: on
+
+
+@pytest.fixture
+def d(tmp_path: Path) -> types.SimpleNamespace:
+    (tmp_path / "file").write_text("")
+    return types.SimpleNamespace(T=str(tmp_path / "dir"), F=str(tmp_path / "file"))
+
+
+def test_the_suite_has_at_least_150_cases() -> None:
+    assert len(CASES) >= 150
+    assert len({name for name, *_ in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize(("name", "call", "error", "match"), CASES, ids=[c[0] for c in CASES])
+def test_a_bad_input_gets_an_error_naming_the_culprit_and_the_fix(
+    d: types.SimpleNamespace, name: str, call: Any, error: type[BaseException], match: str
+) -> None:
+    os.makedirs(d.T, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(error) as info:
+            call(d)
+    message = str(info.value.args[0]) if isinstance(info.value, KeyError) else str(info.value)
+    assert re.search(match, message, re.DOTALL), f"{name}: {message}"
