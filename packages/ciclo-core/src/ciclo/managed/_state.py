@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax  # type: ignore[import-untyped]
 
-from .._loop._hooks import as_logs
+from .._loop._hooks import NO_CHANGE, parse_return
 from .._loop._state import LoopState
 from .._records._aggregate import merge_micro_logs
 from .._records._logs import Logs
@@ -470,8 +470,11 @@ class ManagedStep:
         return broadcasts, statics
 
     def _run(self, state: Any, batch: Any, broadcasts: Any, statics: Any) -> tuple[Logs, Any]:
-        logs, new_state = self.fn(state, batch, *(broadcasts, statics)[: self.arity - 2])
-        return _check_logs(self, logs), new_state
+        out = self.fn(state, batch, *(broadcasts, statics)[: self.arity - 2])
+        if type(out) is tuple and len(out) == 2 and type(out[0]) is Logs and out[1] is not None:
+            return out[0], out[1]  # the common (logs, state)
+        logs, new_state = parse_return(out, f"managed step {self.__name__}", "managed step")
+        return (Logs() if logs is None else logs), (state if new_state is NO_CHANGE else new_state)
 
     def _gradients(
         self, state: Any, batch: Any, broadcasts: Any, statics: Any, micro_steps: int
@@ -749,22 +752,13 @@ def _split_batch(step: ManagedStep, batch: Any, parts: int) -> tuple[Any, int]:
     return micro, (rows.pop() if len(rows) == 1 else -1)
 
 
-def _check_logs(step: ManagedStep, logs: Any) -> Logs:
-    return as_logs(
-        logs,
-        lambda bad: (
-            f"managed step {step.__name__} must return (logs, state) with logs from "
-            f"ciclo.logs(); its first return value is {type(bad).__name__}."
-        ),
-    )
-
-
 def _total_loss(step: ManagedStep, logs: Logs) -> jax.Array:
     losses = logs.get("losses")
     if not losses:
         raise ValueError(
             f"managed train step {step.__name__} logged no loss, so there is nothing to "
-            f"differentiate. Add one: logs.add_loss('loss', loss) (a scalar)."
+            f"differentiate. Add one: logs.add_loss('loss', loss) (a scalar); a flat dict "
+            f"{{name: value}} returned as logs is read as metrics, not losses."
         )
     total = jnp.zeros((), jnp.float32)
     for name, value in losses.items():
