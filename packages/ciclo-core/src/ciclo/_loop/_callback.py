@@ -7,6 +7,7 @@ module wraps a function or object as a :class:`Callback` that a loop calls.
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ __all__ = [
     "callback_name",
     "positional_arity",
     "check_single_argument",
+    "is_periodic_action",
     "as_callback",
     "NO_CHANGE",
 ]
@@ -123,6 +125,30 @@ def check_single_argument(fn: Callable[..., Any]) -> None:
         )
 
 
+def is_periodic_action(fn: Any) -> bool:
+    """Whether ``fn`` is a ``clu.periodic_actions.PeriodicAction`` (recognised by its
+    class, so clu is never imported).
+
+    Example:
+        >>> is_periodic_action(print)
+        False
+    """
+    return any(
+        klass.__name__ == "PeriodicAction" and klass.__module__ == "clu.periodic_actions"
+        for klass in type(fn).__mro__
+    )
+
+
+def _periodic_action_call(action: Any) -> Callable[[LoopState], None]:
+    """Calls a clu action as clu expects, ``action(step, t)``: ``step`` the steps done
+    (this one included), ``t`` ``time.monotonic()`` (clu's clock)."""
+
+    def call(loop_state: LoopState) -> None:
+        action(loop_state.steps_after_step(), t=time.monotonic())
+
+    return call
+
+
 class Callback:
     """A callback ready to run: the user's function or object, called with the right
     arguments, its result validated and normalised to ``(logs, state)``.
@@ -145,7 +171,10 @@ class Callback:
         self.name = callback_name(fn)
         self.observer = is_observer(fn)
         self.fusable = is_fusable(fn)
-        if isinstance(fn, LoopCallback):
+        if is_periodic_action(fn):
+            self.method = _periodic_action_call(fn)
+            self.arity = -1
+        elif isinstance(fn, LoopCallback):
             self.method = fn.__loop_callback__
             self.arity = -1
         elif callable(fn):

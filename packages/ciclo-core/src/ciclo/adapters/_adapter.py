@@ -27,6 +27,7 @@ from .._records._logs import Logs
 from ..managed._state import ManagedState, step, train_step, unknown_name_error
 from ..managed._strategies import Strategy
 from ._training import requested_extras
+from ._libraries import LibraryFunction, from_libraries
 
 __all__ = [
     "Adapter",
@@ -379,6 +380,7 @@ def _named_functions(value: Any, what: str, *, stateful: bool) -> _NamedFunction
             f"{what} must be a dict {{name: fn(preds, targets)}}, got "
             f"{type(value).__name__}. Example: {example}."
         )
+    value = from_libraries(value)  # jax_metrics, clu.metrics, nnx.metrics objects
     for name, fn in value.items():
         if not isinstance(name, str):
             raise TypeError(f"{what}: names must be strings, got {name!r}. Example: {example}.")
@@ -582,7 +584,10 @@ class AdapterState(ManagedState):
         logs = Logs()
         w = batch.sample_weight
         for name, fn in self.losses.items():
-            value = self._call_loss(self.losses, name, fn, preds, batch.targets)
+            if isinstance(fn, LibraryFunction):
+                value = fn(preds, batch.targets, sample_weight=w)
+            else:
+                value = self._call_loss(self.losses, name, fn, preds, batch.targets)
             logs.add_loss(name, self._reduce(self.losses, name, value, w, "loss"))
         metric_states = dict(self.metric_states)
         for name, metric in self.metrics.items():
@@ -590,7 +595,10 @@ class AdapterState(ManagedState):
                 metric_states[name] = metric.update(metric_states[name], preds, batch.targets, w)
                 logs.add_stateful_metric(name, metric.compute(metric_states[name]))
             else:
-                value = self._call_loss(self.metrics, name, metric, preds, batch.targets)
+                if isinstance(metric, LibraryFunction):
+                    value = metric(preds, batch.targets, sample_weight=w, losses=logs.get("losses"))
+                else:
+                    value = self._call_loss(self.metrics, name, metric, preds, batch.targets)
                 logs.add_metric(name, self._reduce(self.metrics, name, value, w, "metric"))
         changes: dict[str, Any] = {"metric_states": metric_states}
         if training:
