@@ -310,3 +310,59 @@ def test_a_call_by_hand_names_its_arguments():
         bar("zero", ciclo.logs())
     with pytest.raises(TypeError, match=r"unknown argument 'state'"):
         bar(ciclo.Elapsed.create(), state=1)
+
+
+# --- issue 20: the original's names beyond its documents ----------------------------------
+def test_the_original_names_exist():
+    assert ciclo.callbacks.inner_loop is ciclo.inner_loop
+    assert ciclo.Period.create(steps=5) == ciclo.at(5)
+    assert ciclo.Period.create(samples=64, time=10.0) == ciclo.at(samples=64, time=10.0)
+    with pytest.raises(ValueError, match="at\\(\\) needs a period"):
+        ciclo.Period.create()
+    assert ciclo.inject(lambda state, batch: (state, batch))(1, 2, 3, 4) == (1, 2)
+    assert ciclo.inject(lambda: "none")(1, 2, 3, 4) == "none"
+
+
+@pytest.mark.parametrize(
+    ("name", "base"), [("jit_donate", "jit"), ("data_parallel_donate", "data_parallel")]
+)
+def test_the_original_donating_strategy_names(name, base):
+    assert ciclo.managed.get_strategy(name) is ciclo.managed.get_strategy(base, donate=True)
+    fused = ciclo.managed.get_strategy(name, steps_per_call=4)
+    assert fused is ciclo.managed.get_strategy(base, donate=True, steps_per_call=4)
+
+
+def test_plural_log_methods():
+    logs = (
+        ciclo.logs()
+        .add_losses(loss=1.0, l2=0.1)
+        .add_metrics(accuracy=0.9)
+        .add_stateful_metrics(f1=0.5)
+        .add_outputs(preds=2)
+        .add_entries("custom", x=3)
+    )
+    assert logs == {
+        "losses": {"loss": 1.0, "l2": 0.1},
+        "metrics": {"accuracy": 0.9},
+        "stateful_metrics": {"f1": 0.5},
+        "outputs": {"preds": 2},
+        "custom": {"x": 3},
+    }
+
+
+def test_elapsed_compares_with_a_period_by_any_field():
+    elapsed = ciclo.Elapsed.create(steps=10, samples=320)
+    assert elapsed <= ciclo.at(10)
+    assert not elapsed <= ciclo.at(9)
+    assert elapsed <= ciclo.at(9, samples=400)  # any field
+    assert elapsed > ciclo.at(9)
+    assert not elapsed > ciclo.at(10)
+    assert elapsed == ciclo.at(10)
+    assert elapsed == ciclo.at(3, samples=320)
+    assert elapsed != ciclo.at(11)
+    assert ciclo.at(10) == elapsed
+    assert elapsed >= ciclo.at(10)
+    assert not elapsed < ciclo.at(10)
+    same = ciclo.Elapsed(steps=10, samples=320, time=elapsed.time, date=elapsed.date)
+    assert elapsed == same
+    assert hash(elapsed) == hash(same)

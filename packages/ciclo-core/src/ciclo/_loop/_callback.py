@@ -6,6 +6,7 @@ module wraps a function or object as a :class:`Callback` that a loop calls.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from collections.abc import Callable
@@ -23,6 +24,7 @@ __all__ = [
     "positional_arity",
     "check_single_argument",
     "is_periodic_action",
+    "inject",
     "as_callback",
     "NO_CHANGE",
 ]
@@ -123,6 +125,25 @@ def check_single_argument(fn: Callable[..., Any]) -> None:
             f"one-argument callback gets the state ({_NOT_THE_STATE[arg]}). Take the "
             f"arguments up to it: def {getattr(fn, '__name__', 'callback')}({fix}): ..."
         )
+
+
+def inject(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` callable with all of ``(state, batch, elapsed, loop_state)``: the wrapper
+    passes the first arguments ``fn`` takes, as a loop calls a callback (the original
+    ciclo's ``ciclo.inject``).
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.inject(lambda state, batch: state + batch)(1, 2, "elapsed", "loop_state")
+        3
+    """
+    arity = positional_arity(fn)
+
+    @functools.wraps(fn)
+    def call(*args: Any) -> Any:
+        return fn(*args[:arity])
+
+    return call
 
 
 def is_periodic_action(fn: Any) -> bool:
