@@ -366,3 +366,47 @@ def test_elapsed_compares_with_a_period_by_any_field():
     same = ciclo.Elapsed(steps=10, samples=320, time=elapsed.time, date=elapsed.date)
     assert elapsed == same
     assert hash(elapsed) == hash(same)
+
+
+@pytest.mark.parametrize(
+    ("aggregation", "expected"),
+    [
+        ("last", 3.0),
+        ("first", 1.0),
+        ("mean", 2.0),
+        ("sum", 6.0),
+        ("min", 1.0),
+        ("max", 3.0),
+        (lambda values: float(np.median(values)), 2.0),
+        ({"metrics": "sum"}, 6.0),
+    ],
+)
+def test_inner_loop_aggregates_the_originals_list_history(aggregation, expected):
+    rows = [{"metrics": {"m": v}, "elapsed": {"steps": i}} for i, v in enumerate([1.0, 2.0, 3.0])]
+    evaluate = ciclo.inner_loop("probe", lambda state: (state, rows, None), aggregation)
+    logs, _ = evaluate(0)
+    assert float(logs.metrics.m_probe) == pytest.approx(expected)
+
+
+def test_a_function_given_to_managed_state_create_stays_static():
+    class Model:
+        def apply(self, params, x):
+            return x @ params["w"]
+
+    model = Model()
+    state = ciclo.managed.ManagedState.create(
+        params={"w": jnp.ones((2,))}, tx=optax.sgd(0.1), apply_fn=model.apply
+    )
+    assert state.apply_fn == model.apply
+
+    @ciclo.managed.train_step
+    def train_step(state, batch):
+        loss = jnp.mean(state.apply_fn(state.params, batch) ** 2)
+        return ciclo.logs().add_loss("loss", loss), state
+
+    state, history, _ = ciclo.loop(state, [jnp.ones((4, 2))] * 3, {ciclo.every(1): train_step})
+    assert int(state.step) == 3
+    assert state.apply_fn == model.apply
+    assert history.collect("loss")[-1] < history.collect("loss")[0]
+    replaced = state.replace(apply_fn=lambda params, x: x.sum())
+    assert float(replaced.apply_fn(None, jnp.ones(2))) == 2.0

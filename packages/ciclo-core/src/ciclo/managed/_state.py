@@ -121,6 +121,7 @@ class ManagedState:
                 hint = cls.keyword_extras
                 raise unknown_name_error(where, "keyword", name, candidates, extra_hint=hint)
             extra[name] = fields[name]
+        extra = {name: _keep_static(value) for name, value in extra.items()}
         state = cls(
             step=jnp.zeros((), jnp.int32),
             params=params,
@@ -139,7 +140,8 @@ class ManagedState:
             raise AttributeError(name)
         extra = self.__dict__.get("extra", {})
         if name in extra:
-            return extra[name]
+            value = extra[name]
+            return value.value if type(value) is StaticFunction else value
         names = [f.name for f in dataclasses.fields(self)] + list(extra)
         match = close_match(name, names)
         raise AttributeError(
@@ -169,7 +171,10 @@ class ManagedState:
                         extra_hint=None,
                     )
             changes = {k: v for k, v in changes.items() if k in own}
-            changes["extra"] = {**extra, **extra_changes}
+            changes["extra"] = {
+                **extra,
+                **{name: _keep_static(value) for name, value in extra_changes.items()},
+            }
         return dataclasses.replace(self, **changes)
 
     def apply_gradients(self: S, grads: Any) -> S:
@@ -281,6 +286,41 @@ def _create_options(cls: type) -> frozenset[str]:
                 names |= {p.name for p in parameters if p.kind is p.KEYWORD_ONLY}
         options = _CREATE_OPTIONS[cls] = frozenset(names)
     return options
+
+
+class StaticFunction:
+    """A function held in a state's extra fields (``apply_fn=module.apply``): static
+    pytree data with no leaves, compared by identity, so it is never moved to a device nor
+    traced. Attribute access on the state returns the function itself."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Callable[..., Any]) -> None:
+        self.value = value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StaticFunction) and other.value is self.value
+
+    def __repr__(self) -> str:
+        return f"StaticFunction({self.value!r})"
+
+
+jax.tree_util.register_pytree_node(
+    StaticFunction, lambda static: ((), static), lambda static, _: static
+)
+
+
+def _keep_static(value: Any) -> Any:
+    """``value`` as a :class:`StaticFunction` when it is a function, a method or a
+    ``functools.partial`` (callable pytrees such as Equinox modules stay data)."""
+    if inspect.isfunction(value) or inspect.ismethod(value) or inspect.isbuiltin(value):
+        return StaticFunction(value)
+    if isinstance(value, functools.partial):
+        return StaticFunction(value)
+    return value
 
 
 class _Meta:
