@@ -3,6 +3,7 @@ states, the full spec of managed steps) and the built-in callbacks called by han
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 from typing import Any, NamedTuple
@@ -410,3 +411,32 @@ def test_a_function_given_to_managed_state_create_stays_static():
     assert history.collect("loss")[-1] < history.collect("loss")[0]
     replaced = state.replace(apply_fn=lambda params, x: x.sum())
     assert float(replaced.apply_fn(None, jnp.ones(2))) == 2.0
+
+
+class UndecoratedState(ciclo.managed.ManagedState):
+    """Declared as in the original ciclo: no dataclass decorator, a static field marked the
+    flax way (``struct.field(pytree_node=False)``)."""
+
+    ema_params: Any
+    config: int = dataclasses.field(default=0, metadata={"pytree_node": False})
+
+    @classmethod
+    def create(cls, *, apply_fn, params, tx, **kwargs):
+        ema = jax.tree.map(jnp.copy, params)
+        return super().create(apply_fn=apply_fn, params=params, tx=tx, ema_params=ema, **kwargs)
+
+
+def test_fields_of_an_undecorated_subclass_are_checked_like_the_built_in_ones():
+    state = UndecoratedState.create(
+        apply_fn=lambda p, x: x, params={"w": jnp.ones(2)}, tx=optax.sgd(0.1), config=3
+    )
+    assert {f.name for f in dataclasses.fields(state)} >= {"ema_params", "config"}
+    np.testing.assert_array_equal(state.ema_params["w"], np.ones(2))
+    assert not any(isinstance(leaf, int) for leaf in jax.tree.leaves(state))  # config: static
+    assert state.config == 3
+    with pytest.raises(TypeError, match=r"unknown keyword 'confgi'; did you mean 'config'"):
+        UndecoratedState.create(
+            apply_fn=None, params={"w": jnp.ones(2)}, tx=optax.sgd(0.1), confgi=3
+        )
+    with pytest.raises(TypeError, match=r"unknown field 'ema_parmas'.*did you mean 'ema_params'"):
+        state.replace(ema_parmas=1)

@@ -110,13 +110,16 @@ class ManagedState:
             raise TypeError(f"tx must be an optax optimizer such as optax.adam(1e-3), got {tx!r}.")
         if isinstance(key, int):
             key = jax.random.key(key)
+        _declare_fields(cls)
         own = {f.name for f in dataclasses.fields(cls)}
         extra = dict(fields.pop("extra", None) or {})
         known = {k: v for k, v in fields.items() if k in own}
         unknown = [k for k in fields if k not in own]
         candidates = sorted(own | _create_options(cls))
         for name in unknown:
-            if not cls.keyword_extras or close_match(name, candidates):
+            # A name a subclass's create() takes and passes on (apply_fn=) is no typo.
+            others = [c for c in candidates if c != name]
+            if not cls.keyword_extras or close_match(name, others):
                 where = f"{cls.__name__}.create()"
                 hint = cls.keyword_extras
                 raise unknown_name_error(where, "keyword", name, candidates, extra_hint=hint)
@@ -350,6 +353,33 @@ class _Meta:
         return repr(self.values)
 
 
+def _declare_fields(cls: type) -> None:
+    """Makes the annotated fields of undecorated subclasses fields (as in the original
+    ciclo, whose states were flax ``struct`` dataclasses): each class up the MRO that
+    annotates fields without being a dataclass itself becomes a
+    ``dataclass(frozen=True, kw_only=True)``, so ``create`` checks them like the built-in
+    ones."""
+    if cls in _DECLARED:
+        return
+    for klass in reversed(cls.__mro__):
+        if (
+            issubclass(klass, ManagedState)
+            and inspect.get_annotations(klass)
+            and "__dataclass_fields__" not in klass.__dict__
+        ):
+            dataclasses.dataclass(frozen=True, kw_only=True)(klass)
+    _DECLARED.add(cls)
+
+
+_DECLARED: set[type] = set()
+
+
+def _is_static(field: dataclasses.Field[Any]) -> bool:
+    """A static field: ``metadata={"static": True}``, or flax's
+    ``struct.field(pytree_node=False)``."""
+    return bool(field.metadata.get("static", False)) or field.metadata.get("pytree_node") is False
+
+
 def _register(cls: type) -> None:
     """Registers ``cls`` as a pytree: data fields are children, static fields the node data.
 
@@ -358,8 +388,8 @@ def _register(cls: type) -> None:
     a frozen dataclass's ``__init__`` costs microseconds per step.
     """
     fields = dataclasses.fields(cls)
-    meta = tuple(f.name for f in fields if f.metadata.get("static", False))
-    data = tuple(f.name for f in fields if not f.metadata.get("static", False))
+    meta = tuple(f.name for f in fields if _is_static(f))
+    data = tuple(f.name for f in fields if not _is_static(f))
     keys = tuple(jax.tree_util.GetAttrKey(name) for name in data)
     new, set_attribute = object.__new__, object.__setattr__
 
