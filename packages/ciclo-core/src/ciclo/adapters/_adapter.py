@@ -507,7 +507,10 @@ class AdapterState(ManagedState):
 
         Returns:
             ``(predictions, new_model_state)``; in evaluation the new model state is
-            ignored.
+            ignored. It may add a third item, logs the model recorded itself
+            (``{"losses": {...}, "metrics": {...}}``, e.g. what a Flax module sows): they
+            are logged, and its losses add to the total loss that a train step
+            differentiates.
         """
         raise NotImplementedError(
             f"{type(self).__name__} must implement apply(self, params, model_state, inputs, *, "
@@ -578,9 +581,10 @@ class AdapterState(ManagedState):
         return None if self.key is None else self.step_key()
 
     def _evaluate(self: S, batch: Batch, *, training: bool) -> tuple[Logs, S]:
-        preds, model_state = self.apply(
+        applied = self.apply(
             self.params, self.model_state, batch.inputs, training=training, key=self._step_key()
         )
+        preds, model_state = applied[0], applied[1]
         logs = Logs()
         w = batch.sample_weight
         for name, fn in self.losses.items():
@@ -600,6 +604,8 @@ class AdapterState(ManagedState):
                 else:
                     value = self._call_loss(self.metrics, name, metric, preds, batch.targets)
                 logs.add_metric(name, self._reduce(self.metrics, name, value, w, "metric"))
+        if len(applied) > 2 and applied[2]:  # logs the model recorded (sown losses)
+            logs.merge(applied[2])
         changes: dict[str, Any] = {"metric_states": metric_states}
         if training:
             changes["model_state"] = model_state
@@ -653,9 +659,9 @@ class AdapterState(ManagedState):
         unpacked = self.batch_format.unpack(
             batch, step=f"{type(self).__name__}.predict_step", targets=False
         )
-        preds, _ = self.apply(
+        preds = self.apply(
             self.params, self.model_state, unpacked.inputs, training=False, key=self._step_key()
-        )
+        )[0]
         return Logs().add_output("predictions", preds), self
 
     @step
