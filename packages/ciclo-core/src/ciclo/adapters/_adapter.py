@@ -26,8 +26,8 @@ import optax
 from .._records._logs import Logs
 from ..managed._state import ManagedState, step, train_step, unknown_name_error
 from ..managed._strategies import Strategy
-from ._training import requested_extras
 from ._libraries import LibraryFunction, from_libraries
+from ._training import requested_extras
 
 __all__ = [
     "Adapter",
