@@ -75,7 +75,6 @@ CASES = [
     ('loop_callback_returns_set', lambda d: ciclo.loop(S, B, {ciclo.every(1): lambda s: {1}}), TypeError, r"callback\ .*<lambda>\ returned\ a\ set\ \('\{1\}'\),\ whi.*r\ a\ new\ state\ \(a\ pytree\ of\ arrays\)\."),
     ('loop_callback_returns_4tuple', lambda d: ciclo.loop(S, B, {ciclo.every(1): lambda s: (None, None, None, s)}), TypeError, r"callback\ .*<lambda>\ returned\ a\ tuple\ of\ 4\ items.*ogs,\ state\),\ logs,\ a\ state\ or\ None\."),
     ('loop_callback_returns_1tuple', lambda d: ciclo.loop(S, B, {ciclo.every(1): lambda s: (s,)}), TypeError, r"callback\ .*<lambda>\ returned\ a\ tuple\ of\ 1\ items.*ogs,\ state\),\ logs,\ a\ state\ or\ None\."),
-    ('loop_callback_bad_logs', lambda d: ciclo.loop(S, B, {ciclo.every(1): lambda s: ({"metrics": 3}, s)}), TypeError, r"callback\ .*<lambda>\ returned\ the\ logs\ part\ of\ i.*e\ on\ its\ own,\ return\ \(None,\ state\)\."),
     ('loop_callback_kwonly', lambda d: ciclo.loop(S, B, {ciclo.every(1): lambda s, *, lr: None}), TypeError, r"callback\ .*<lambda>\(s,\ \*,\ lr\)\ needs\ keyword\-onl.*r\ bind\ them\ with\ functools\.partial\."),
     ('loop_callback_five_args', lambda d: ciclo.loop(S, B, {ciclo.every(1): lambda a, b, c, d, e: None}), TypeError, r"callback\ .*<lambda>\(a,\ b,\ c,\ d,\ e\)\ needs\ 5\ posi.*e,\ batch,\ elapsed,\ loop_state\):\ \.\.\."),
     ('every_zero', lambda d: ciclo.every(0), ValueError, r"every\(\):\ steps\ must\ be\ positive,\ got\ 0\."),

@@ -65,7 +65,7 @@ def test_a_callback_returning_a_four_tuple():
         ((3.0, "state"), "float 3.0"),
         ((np.float32(1.5), "state"), r"float32 .*1\.5"),
         ((None, [1, 2], "state"), "list"),
-        (({"accuracy": 0.5}, "state"), r"a dict with keys \['accuracy'\]"),
+        (({"accuracy": 0.5, "nested": {"a": 1}}, "state"), r"a dict with keys \['accuracy'"),
     ],
 )
 def test_a_non_logs_where_logs_are_expected(returned, described):

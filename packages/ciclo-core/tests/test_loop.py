@@ -26,7 +26,7 @@ def test_returned_elapsed_continues_without_double_counting(regression):
     log_every = ciclo.every(2)
 
     def mark(state, batch, elapsed):
-        return {"marks": {"seen": elapsed.steps}}
+        return {"marks": {"seen": elapsed.steps}}, None
 
     def run(state, dataset, history, elapsed):
         tasks = {ciclo.every(1): regression.step, log_every: mark}
@@ -122,7 +122,6 @@ def test_an_empty_dict_returned_alone_is_empty_logs():
         ((None, []), []),
         (({"metrics": {}}, 0), 0),
         ((None, None, 0), 0),
-        ([], []),
         ((None, ()), ()),
     ],
 )

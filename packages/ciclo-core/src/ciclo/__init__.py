@@ -15,6 +15,7 @@ from ._checkpoint._restore import restore as restore
 from ._checkpoint._restore import restore_best as restore_best
 from ._data._stateful import stateful_dataset as stateful_dataset
 from ._loop._callback import Callback as Callback
+from ._loop._callback import inject as inject
 from ._loop._engine import loop as loop
 from ._loop._hooks import LoopCallback as LoopCallback
 from ._loop._hooks import LoopCallbackBase as LoopCallbackBase

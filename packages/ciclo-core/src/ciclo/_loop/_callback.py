@@ -6,12 +6,14 @@ module wraps a function or object as a :class:`Callback` that a loop calls.
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._records._logs import Logs
-from ._hooks import LoopCallback, as_logs, describe, is_fusable, is_observer
+from ._hooks import NO_CHANGE, LoopCallback, is_fusable, is_observer, parse_return
 
 if TYPE_CHECKING:
     from ._state import LoopState
@@ -20,12 +22,19 @@ __all__ = [
     "Callback",
     "callback_name",
     "positional_arity",
+    "check_single_argument",
+    "is_periodic_action",
+    "inject",
     "as_callback",
     "NO_CHANGE",
 ]
 
-#: Marks "the callback did not return a state" (``None`` cannot: it may be a state part).
-NO_CHANGE: Any = type("NoChange", (), {"__repr__": lambda self: "NO_CHANGE"})()
+#: Not callbacks' arguments: a callback with one parameter of these names is a mistake.
+_NOT_THE_STATE = {
+    "elapsed": "schedules take an Elapsed, callbacks take (state, batch, elapsed, ...)",
+    "batch": "the batch is the second argument",
+    "loop_state": "the LoopState is the fourth argument",
+}
 
 
 def callback_name(fn: Any) -> str:
@@ -88,6 +97,79 @@ def positional_arity(fn: Callable[..., Any]) -> int:
     return min(len(params), 4)
 
 
+def check_single_argument(fn: Callable[..., Any]) -> None:
+    """Raises ``TypeError`` for a one-argument callback whose parameter is named
+    ``elapsed``, ``batch`` or ``loop_state``: a loop passes it the state.
+
+    Example:
+        >>> check_single_argument(lambda elapsed: None)
+        Traceback (most recent call last):
+        TypeError: callback <lambda>(elapsed) takes one argument named 'elapsed', ...
+    """
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if len(params) != 1 or params[0].kind not in (
+        params[0].POSITIONAL_ONLY,
+        params[0].POSITIONAL_OR_KEYWORD,
+    ):
+        return
+    arg = params[0].name
+    if arg in _NOT_THE_STATE:
+        wanted = ("state", "batch", "elapsed", "loop_state")
+        fix = ", ".join(wanted[: wanted.index(arg) + 1])
+        raise TypeError(
+            f"callback {callback_name(fn)}({arg}) takes one argument named {arg!r}, but a loop "
+            f"passes the first 0-4 of (state, batch, elapsed, loop_state) by position: a "
+            f"one-argument callback gets the state ({_NOT_THE_STATE[arg]}). Take the "
+            f"arguments up to it: def {getattr(fn, '__name__', 'callback')}({fix}): ..."
+        )
+
+
+def inject(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` callable with all of ``(state, batch, elapsed, loop_state)``: the wrapper
+    passes the first arguments ``fn`` takes, as a loop calls a callback (the original
+    ciclo's ``ciclo.inject``).
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.inject(lambda state, batch: state + batch)(1, 2, "elapsed", "loop_state")
+        3
+    """
+    arity = positional_arity(fn)
+
+    @functools.wraps(fn)
+    def call(*args: Any) -> Any:
+        return fn(*args[:arity])
+
+    return call
+
+
+def is_periodic_action(fn: Any) -> bool:
+    """Whether ``fn`` is a ``clu.periodic_actions.PeriodicAction`` (recognised by its
+    class, so clu is never imported).
+
+    Example:
+        >>> is_periodic_action(print)
+        False
+    """
+    return any(
+        klass.__name__ == "PeriodicAction" and klass.__module__ == "clu.periodic_actions"
+        for klass in type(fn).__mro__
+    )
+
+
+def _periodic_action_call(action: Any) -> Callable[[LoopState], None]:
+    """Calls a clu action as clu expects, ``action(step, t)``: ``step`` the steps done
+    (this one included), ``t`` ``time.monotonic()`` (clu's clock)."""
+
+    def call(loop_state: LoopState) -> None:
+        action(loop_state.steps_after_step(), t=time.monotonic())
+
+    return call
+
+
 class Callback:
     """A callback ready to run: the user's function or object, called with the right
     arguments, its result validated and normalised to ``(logs, state)``.
@@ -110,12 +192,17 @@ class Callback:
         self.name = callback_name(fn)
         self.observer = is_observer(fn)
         self.fusable = is_fusable(fn)
-        if isinstance(fn, LoopCallback):
+        if is_periodic_action(fn):
+            self.method = _periodic_action_call(fn)
+            self.arity = -1
+        elif isinstance(fn, LoopCallback):
             self.method = fn.__loop_callback__
             self.arity = -1
         elif callable(fn):
             self.method = fn
             self.arity = positional_arity(fn)
+            if self.arity == 1:
+                check_single_argument(fn)
         else:
             raise TypeError(
                 f"{fn!r} is not a callback: give a function taking the first 0-4 of "
@@ -141,51 +228,9 @@ class Callback:
         return self.parse(out)
 
     def parse(self, out: Any) -> tuple[Logs | None, Any]:
-        """Validates a return value; returns ``(logs or None, state or NO_CHANGE)``."""
-        if out is None:
-            return None, NO_CHANGE
-        if isinstance(out, tuple):
-            if len(out) == 2:
-                logs, state = out
-                outputs = None
-            elif len(out) == 3:
-                outputs, logs, state = out
-            else:
-                raise TypeError(
-                    f"callback {self.name} returned a tuple of {len(out)} items; a callback "
-                    f"returns (logs, state), (outputs, logs, state), logs, a state or None."
-                )
-            logs = self._as_logs(logs, "the logs part of its tuple")
-            if outputs is not None:
-                logs = logs if logs is not None else Logs()
-                if isinstance(outputs, Mapping):
-                    for key, value in outputs.items():
-                        logs.add_output(key, value)
-                else:
-                    logs.add_output("outputs", outputs)
-            return logs, (NO_CHANGE if state is None else state)
-        if isinstance(out, Mapping):
-            return self._as_logs(out, "a dict"), NO_CHANGE
-        if isinstance(out, str | bytes | set | frozenset):
-            raise TypeError(
-                f"callback {self.name} returned a {type(out).__name__} ({str(out)[:40]!r}), "
-                f"which cannot be a state. Return None, logs, (logs, state) or a new state "
-                f"(a pytree of arrays)."
-            )
-        return None, out
-
-    def _as_logs(self, value: Any, what: str) -> Logs | None:
-        if value is None:
-            return None
-        return as_logs(
-            value,
-            lambda bad: (
-                f"callback {self.name} returned {what} that is not logs: {describe(bad)}. Logs "
-                f"are ciclo.logs() or a dict {{collection: {{name: value}}}}, e.g. "
-                f"{{'metrics': {{'accuracy': acc}}}}. To return a new state on its own, return "
-                f"(None, state)."
-            ),
-        )
+        """Validates a return value; returns ``(logs or None, state or NO_CHANGE)`` (the
+        rules are :func:`~ciclo._loop._hooks.parse_return`)."""
+        return parse_return(out, f"callback {self.name}")
 
 
 def as_callback(fn: Any) -> Callback:

@@ -71,9 +71,13 @@ __all__ = [
     "is_stateful",
     "named_hooks",
     "as_logs",
+    "is_logs",
+    "parse_return",
     "describe",
     "register_restore_in_place",
     "restore_in_place",
+    "COLLECTIONS",
+    "NO_CHANGE",
 ]
 
 
@@ -124,7 +128,8 @@ class Spreadable(Protocol):
 
 class LoopCallbackBase:
     """Convenience base for callback objects: they can be spread into ``tasks`` with
-    ``**`` (they map their default schedule to themselves).
+    ``**`` (they map their default schedule to themselves), and called by hand in a loop
+    of your own (see :meth:`__call__`).
 
     Example:
         >>> import ciclo
@@ -134,6 +139,11 @@ class LoopCallbackBase:
         >>> tasks = {**Printer()}  # {ciclo.always(): printer}
     """
 
+    #: What a call by hand takes after ``elapsed``, in order; ``None``: ``("logs",)`` for
+    #: an observer (bars, loggers), ``("state", "logs")`` otherwise (checkpoint, early
+    #: stopping).
+    by_hand_arguments: ClassVar[tuple[str, ...] | None] = None
+
     def default_schedule(self) -> Any:
         from .._time._schedules import always
 
@@ -141,6 +151,101 @@ class LoopCallbackBase:
 
     def __loop_callback__(self, loop_state: LoopState) -> Any:
         raise NotImplementedError
+
+    def __call__(self, elapsed: Any, *args: Any, **kwargs: Any) -> Any:
+        """Runs the callback by hand, in a loop of your own, doing what it does in
+        :func:`ciclo.loop` at a step where its schedule fires::
+
+            for elapsed, batch in ciclo.elapse(dataset, stop=ciclo.at(total_steps)):
+                logs, state = train_step(state, batch)
+                if call_checkpoint(elapsed):
+                    checkpoint(elapsed, state)     # saves the state
+                keras_bar(elapsed, logs)           # one bar update; complete at total_steps
+
+        ``elapsed`` is what :func:`ciclo.elapse` yields with the batch (the count before
+        it); the call ends that batch's step, so a checkpoint is named after the steps its
+        state holds (``elapsed.steps + 1``), as in a loop, and a bar reaches ``total``. Then
+        come the arguments of :attr:`by_hand_arguments`, by position or by name:
+        ``keras_bar(elapsed, logs)``, ``checkpoint(elapsed, state, logs=None)``,
+        ``early_stopping(elapsed, state, logs)``; ``batch=`` counts its samples (for a bar
+        in samples). Logs may be ``ciclo.logs()`` or a dict, as a step returns them. Each
+        call is a loop of one step, ended: a checkpoint's files are written when it returns.
+
+        Returns:
+            ``(stop, state)`` for a callback that takes a state, else ``stop``: whether it
+            asks to end the run (early stopping, ``terminate_on_nan``), and the state it
+            leaves (early stopping's best weights at the end).
+        """
+        from .._records._history import History
+        from .._time._elapsed import Elapsed, default_batch_size
+        from ._state import LoopState
+
+        names = self.by_hand_arguments
+        if names is None:
+            names = ("logs",) if is_observer(self) else ("state", "logs")
+        who = type(self).__name__
+        if len(args) > len(names):
+            raise TypeError(
+                f"{who} called by hand takes (elapsed, {', '.join(names)}), got "
+                f"{1 + len(args)} positional arguments."
+            )
+        given = dict(zip(names, args, strict=False))
+        for name, value in kwargs.items():
+            if name not in (*names, "batch") or name in given:
+                raise TypeError(
+                    f"{who} called by hand takes (elapsed, {', '.join(names)}, batch=None); "
+                    f"got {'a second value for' if name in given else 'an unknown argument'} "
+                    f"{name!r}."
+                )
+            given[name] = value
+        if isinstance(elapsed, int) and not isinstance(elapsed, bool):
+            elapsed = Elapsed.create(steps=elapsed)
+        if not isinstance(elapsed, Elapsed):
+            raise TypeError(
+                f"{who} called by hand takes an Elapsed first (what ciclo.elapse yields), got "
+                f"{describe(elapsed)}. Example: for elapsed, batch in ciclo.elapse(data): "
+                f"...; callback(elapsed, {', '.join(names)})."
+            )
+        batch = given.get("batch")
+        loop_state: LoopState | None = getattr(self, "_by_hand_loop", None)
+        if loop_state is None:
+            loop_state = LoopState(
+                None,
+                History(),
+                elapsed,
+                batch_size_fn=lambda b: 0 if b is _NO_BATCH else default_batch_size(b),
+            )
+            self._by_hand_loop = loop_state
+        loop_state.history = History()  # this call's row only: nothing piles up
+        loop_state.elapsed = elapsed
+        loop_state.batch = _NO_BATCH if batch is None else batch
+        loop_state.state = given.get("state")
+        loop_state.stop_iteration, loop_state.stop_reason = False, None
+        logs = given.get("logs")
+        loop_state.logs = (
+            Logs()
+            if logs is None
+            else as_logs(
+                logs,
+                lambda bad: (
+                    f"{who} called by hand: logs must be ciclo.logs() or a dict, "
+                    f"got {describe(bad)}."
+                ),
+            )
+        )
+        out = self.__loop_callback__(loop_state)
+        _, state = parse_return(out, f"{who} (called by hand)")
+        if state is not NO_CHANGE:
+            loop_state.state = state
+        loop_state.history.commit(elapsed, loop_state.logs)  # as a loop commits a step
+        loop_state.accumulated_logs.merge(loop_state.logs)
+        loop_state.end_step()
+        if callable(getattr(type(self), "__loop_end__", None)):  # the end of a one-step loop
+            loop_state.elapsed, loop_state.batch = loop_state.elapsed_after_step(), None
+            self.__loop_end__(loop_state, None)  # type: ignore[attr-defined]
+        if "state" in names:
+            return loop_state.stop_iteration, loop_state.state
+        return loop_state.stop_iteration
 
     def keys(self) -> list[Any]:
         if not hasattr(self, "_spread_schedule"):
@@ -151,6 +256,10 @@ class LoopCallbackBase:
         if key is not getattr(self, "_spread_schedule", None):
             raise KeyError(key)
         return self
+
+
+#: The batch of a call by hand made without ``batch=``: one step, no samples.
+_NO_BATCH: Any = type("NoBatch", (), {"__repr__": lambda self: "NO_BATCH"})()
 
 
 # --- the probes ---------------------------------------------------------------------------
@@ -236,23 +345,134 @@ def named_hooks(obj: Any, names: Iterable[str]) -> list[str]:
 
 
 # --- what a step returns ------------------------------------------------------------------
+#: The collections ciclo itself writes and reads. A dict returned on its own (not in a
+#: tuple) is logs only when every key is one of these (Haiku params, ``{"linear": {"w":
+#: ...}}``, are not logs).
+COLLECTIONS = frozenset({"losses", "metrics", "stateful_metrics", "outputs"})
+
+#: Marks "the step returned no state" (``None`` cannot: it may be a state part).
+NO_CHANGE: Any = type("NoChange", (), {"__repr__": lambda self: "NO_CHANGE"})()
+
+_LOGS_HELP = (
+    "Logs are ciclo.logs(), a dict {collection: {name: value}} (e.g. {'metrics': "
+    "{'accuracy': acc}}) or, in a tuple, a flat dict {name: array} (read as metrics)."
+)
+
+
 def as_logs(value: Any, not_logs: Callable[[Any], str]) -> Logs:
-    """``value`` as :class:`Logs`: a ``Logs`` as is, a dict ``{collection: {name: value}}``
-    converted; anything else raises ``TypeError(not_logs(value))``. The one check of what
-    callbacks and managed steps return as logs.
+    """``value``, found in the logs slot of a returned tuple, as :class:`Logs`: a ``Logs``
+    as is, a dict ``{collection: {name: value}}`` converted, a flat dict ``{name: array}``
+    read as metrics (as the original ciclo's Flax example returns); anything else raises
+    ``TypeError(not_logs(value))``. The one check of what callbacks and managed steps
+    return as logs.
 
     Example:
         >>> as_logs({"metrics": {"accuracy": 1.0}}, lambda v: "not logs")
         {'metrics': {'accuracy': 1.0}}
+        >>> as_logs({"loss": 0.5, "accuracy": 1.0}, lambda v: "not logs")
+        {'metrics': {'loss': 0.5, 'accuracy': 1.0}}
         >>> as_logs(0.5, lambda v: f"not logs: {describe(v)}")
         Traceback (most recent call last):
         TypeError: not logs: float 0.5
     """
     if isinstance(value, Logs):
         return value
-    if isinstance(value, Mapping) and all(isinstance(v, Mapping) for v in value.values()):
-        return Logs(value)
+    if isinstance(value, Mapping):
+        nested = [isinstance(v, Mapping) for v in value.values()]
+        if all(nested):
+            return Logs(value)
+        if not any(nested):
+            return Logs({"metrics": value})
     raise TypeError(not_logs(value))
+
+
+def is_logs(value: Any) -> bool:
+    """Whether ``value``, returned on its own, is logs: a :class:`Logs`, or a dict whose
+    keys are all ciclo's :data:`COLLECTIONS`, each holding a dict (``{}``: empty logs).
+
+    Example:
+        >>> is_logs({"metrics": {"accuracy": 1.0}}), is_logs({"linear": {"w": 1.0}})
+        (True, False)
+    """
+    if isinstance(value, Logs):
+        return True
+    return isinstance(value, Mapping) and all(
+        k in COLLECTIONS and isinstance(v, Mapping) for k, v in value.items()
+    )
+
+
+def parse_return(out: Any, who: str, kind: str = "callback") -> tuple[Logs | None, Any]:
+    """What a callback or a step returned, as ``(logs or None, state or NO_CHANGE)``.
+
+    The rules (one place for callbacks and managed steps): ``None`` changes nothing; a
+    plain tuple is ``(logs, state)`` or ``(outputs, logs, state)`` (a NamedTuple, or any
+    tuple subclass, is a state, never unpacked), its logs read by :func:`as_logs` and its
+    outputs added to the ``outputs`` collection; a single value is logs when
+    :func:`is_logs` says so; a list or a string is an error; another dict is an error
+    (it is neither logs nor, by position, a state); anything else, falsy or not, is the
+    state. ``who`` names the culprit in errors (``"callback train_step"``), ``kind`` what
+    it is (``"callback"``, ``"managed step"``).
+
+    Example:
+        >>> from typing import NamedTuple
+        >>> class TrainingState(NamedTuple):
+        ...     params: dict
+        ...     opt_state: tuple
+        >>> parse_return(TrainingState({}, ()), "callback update")
+        (None, TrainingState(params={}, opt_state=()))
+        >>> parse_return(({"loss": 0.5}, 1), "callback step")
+        ({'metrics': {'loss': 0.5}}, 1)
+    """
+    if out is None:
+        return None, NO_CHANGE
+    if type(out) is tuple:
+        if len(out) == 2:
+            logs, state = out
+            outputs = None
+        elif len(out) == 3:
+            outputs, logs, state = out
+        else:
+            raise TypeError(
+                f"{who} returned a tuple of {len(out)} items; a {kind} returns (logs, state), "
+                f"(outputs, logs, state), logs, a state or None."
+            )
+        if logs is not None:
+            lead = (
+                f"{who} returned the logs part of its tuple that is not logs"
+                if kind == "callback"
+                else f"{who} must return (logs, state); the logs part of its tuple is not logs"
+            )
+            logs = as_logs(
+                logs,
+                lambda bad: (
+                    f"{lead}: {describe(bad)}. {_LOGS_HELP} To return a new state on its "
+                    f"own, return (None, state)."
+                ),
+            )
+        if outputs is not None:
+            logs = Logs() if logs is None else logs
+            if isinstance(outputs, Mapping):
+                for key, value in outputs.items():
+                    logs.add_output(key, value)
+            else:
+                logs.add_output("outputs", outputs)
+        return logs, (NO_CHANGE if state is None else state)
+    if is_logs(out):
+        return (out if isinstance(out, Logs) else Logs(out)), NO_CHANGE
+    if isinstance(out, list | str | bytes | set | frozenset):
+        raise TypeError(
+            f"{who} returned a {type(out).__name__} ({str(out)[:40]!r}), which cannot be a "
+            f"state ({describe(out)}): a {kind} returns (logs, state), (outputs, logs, state), logs, a state or "
+            f"None. {_LOGS_HELP} Return None, logs, (logs, state) or a new state (a pytree "
+            f"of arrays)."
+        )
+    if isinstance(out, Mapping):
+        raise TypeError(
+            f"{who} returned a dict that is not logs: {describe(out)}. {_LOGS_HELP} "
+            f"Returned on its own, a dict is logs only when keyed by ciclo's collections "
+            f"{sorted(COLLECTIONS)}. To return a new state on its own, return (None, state)."
+        )
+    return None, out
 
 
 def describe(value: Any) -> str:

@@ -130,6 +130,35 @@ class Logs(dict[str, Any]):
         """Adds a model output (e.g. predictions)."""
         return self.add_entry("outputs", name, value)
 
+    # The original ciclo's plural forms: several entries by keyword.
+    def add_losses(self, **values: Any) -> Logs:
+        """Adds several losses by name: ``logs.add_losses(loss=l, l2=r)``."""
+        return self.add_entries("losses", **values)
+
+    def add_metrics(self, **values: Any) -> Logs:
+        """Adds several metrics by name: ``logs.add_metrics(accuracy=a, f1=f)``.
+
+        Example:
+            >>> import ciclo
+            >>> ciclo.logs().add_metrics(accuracy=0.9, f1=0.8)
+            {'metrics': {'accuracy': 0.9, 'f1': 0.8}}
+        """
+        return self.add_entries("metrics", **values)
+
+    def add_stateful_metrics(self, **values: Any) -> Logs:
+        """Adds several stateful metrics by name."""
+        return self.add_entries("stateful_metrics", **values)
+
+    def add_outputs(self, **values: Any) -> Logs:
+        """Adds several outputs by name."""
+        return self.add_entries("outputs", **values)
+
+    def add_entries(self, collection: str, **values: Any) -> Logs:
+        """Adds several entries of ``collection`` by name."""
+        for name, value in values.items():
+            self.add_entry(collection, name, value)
+        return self
+
     def merge(self, other: Mapping[str, Any] | None) -> Logs:
         """Merges ``other`` into ``self`` in place (entries of ``other`` win); returns ``self``."""
         if other is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import operator
 import time as _time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -68,6 +69,32 @@ class Elapsed:
             return not other.reached_by(self)
         return NotImplemented
 
+    # The original ciclo's comparisons with a Period: true when any of its fields holds.
+    def __le__(self, other: object) -> bool:
+        if isinstance(other, Period):
+            return other.any_field(self, operator.le)
+        return NotImplemented
+
+    def __gt__(self, other: object) -> bool:
+        if isinstance(other, Period):
+            return other.any_field(self, operator.gt)
+        return NotImplemented
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Period):
+            return other.any_field(self, operator.eq)
+        if isinstance(other, Elapsed):
+            return (self.steps, self.samples, self.time, self.date) == (
+                other.steps,
+                other.samples,
+                other.time,
+                other.date,
+            )
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.steps, self.samples, self.time, self.date))
+
     def to_dict(self) -> dict[str, int | float]:
         """``{"steps": ..., "samples": ..., "time": ..., "date": ...}``."""
         return {"steps": self.steps, "samples": self.samples, "time": self.time, "date": self.date}
@@ -96,6 +123,27 @@ class Period:
             or (self.time is not None and elapsed.time >= self.time)
             or (self.date is not None and elapsed.date >= self.date)
         )
+
+    def any_field(self, elapsed: Elapsed, compare: Callable[[Any, Any], bool]) -> bool:
+        """Whether ``compare(elapsed.<field>, self.<field>)`` holds for any field set."""
+        return any(compare(getattr(elapsed, f), v) for f, v in self.fields().items())
+
+    @classmethod
+    def create(
+        cls,
+        steps: int | None = None,
+        samples: int | None = None,
+        time: float | None = None,
+        date: float | None = None,
+    ) -> Period:
+        """The original ciclo's constructor: :func:`at` (``Period.create(steps=1000)``).
+
+        Example:
+            >>> import ciclo
+            >>> ciclo.Period.create(steps=10) == ciclo.at(10)
+            True
+        """
+        return at(steps, samples=samples, time=time, date=date)
 
     def fields(self) -> dict[str, int | float]:
         """The fields that are set."""

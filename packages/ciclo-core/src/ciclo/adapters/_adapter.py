@@ -26,6 +26,7 @@ import optax
 from .._records._logs import Logs
 from ..managed._state import ManagedState, step, train_step, unknown_name_error
 from ..managed._strategies import Strategy
+from ._libraries import LibraryFunction, from_libraries
 from ._training import requested_extras
 
 __all__ = [
@@ -379,6 +380,7 @@ def _named_functions(value: Any, what: str, *, stateful: bool) -> _NamedFunction
             f"{what} must be a dict {{name: fn(preds, targets)}}, got "
             f"{type(value).__name__}. Example: {example}."
         )
+    value = from_libraries(value)  # jax_metrics, clu.metrics, nnx.metrics objects
     for name, fn in value.items():
         if not isinstance(name, str):
             raise TypeError(f"{what}: names must be strings, got {name!r}. Example: {example}.")
@@ -505,7 +507,10 @@ class AdapterState(ManagedState):
 
         Returns:
             ``(predictions, new_model_state)``; in evaluation the new model state is
-            ignored.
+            ignored. It may add a third item, logs the model recorded itself
+            (``{"losses": {...}, "metrics": {...}}``, e.g. what a Flax module sows): they
+            are logged, and its losses add to the total loss that a train step
+            differentiates.
         """
         raise NotImplementedError(
             f"{type(self).__name__} must implement apply(self, params, model_state, inputs, *, "
@@ -576,13 +581,17 @@ class AdapterState(ManagedState):
         return None if self.key is None else self.step_key()
 
     def _evaluate(self: S, batch: Batch, *, training: bool) -> tuple[Logs, S]:
-        preds, model_state = self.apply(
+        applied = self.apply(
             self.params, self.model_state, batch.inputs, training=training, key=self._step_key()
         )
+        preds, model_state = applied[0], applied[1]
         logs = Logs()
         w = batch.sample_weight
         for name, fn in self.losses.items():
-            value = self._call_loss(self.losses, name, fn, preds, batch.targets)
+            if isinstance(fn, LibraryFunction):
+                value = fn(preds, batch.targets, sample_weight=w)
+            else:
+                value = self._call_loss(self.losses, name, fn, preds, batch.targets)
             logs.add_loss(name, self._reduce(self.losses, name, value, w, "loss"))
         metric_states = dict(self.metric_states)
         for name, metric in self.metrics.items():
@@ -590,8 +599,13 @@ class AdapterState(ManagedState):
                 metric_states[name] = metric.update(metric_states[name], preds, batch.targets, w)
                 logs.add_stateful_metric(name, metric.compute(metric_states[name]))
             else:
-                value = self._call_loss(self.metrics, name, metric, preds, batch.targets)
+                if isinstance(metric, LibraryFunction):
+                    value = metric(preds, batch.targets, sample_weight=w, losses=logs.get("losses"))
+                else:
+                    value = self._call_loss(self.metrics, name, metric, preds, batch.targets)
                 logs.add_metric(name, self._reduce(self.metrics, name, value, w, "metric"))
+        if len(applied) > 2 and applied[2]:  # logs the model recorded (sown losses)
+            logs.merge(applied[2])
         changes: dict[str, Any] = {"metric_states": metric_states}
         if training:
             changes["model_state"] = model_state
@@ -645,9 +659,9 @@ class AdapterState(ManagedState):
         unpacked = self.batch_format.unpack(
             batch, step=f"{type(self).__name__}.predict_step", targets=False
         )
-        preds, _ = self.apply(
+        preds = self.apply(
             self.params, self.model_state, unpacked.inputs, training=False, key=self._step_key()
-        )
+        )[0]
         return Logs().add_output("predictions", preds), self
 
     @step

@@ -15,6 +15,22 @@ from .._time._elapsed import Elapsed
 __all__ = ["inner_loop"]
 
 
+def _as_history(rows: list[Any]) -> History | None:
+    """The original ciclo's history, a list of ``{collection: {name: value}}`` dicts, as a
+    :class:`History` (rows without samples: ``"mean"`` is then the plain mean, as there);
+    ``None`` when ``rows`` is not such a list."""
+    if not all(
+        isinstance(row, Mapping) and all(isinstance(v, Mapping) for v in row.values())
+        for row in rows
+    ):
+        return None
+    history = History()
+    for step, row in enumerate(rows):
+        logs = Logs({c: entries for c, entries in row.items() if c != "elapsed"})
+        history.commit(Elapsed.create(steps=step), logs)
+    return history
+
+
 def _split_result(name: str, result: Any) -> tuple[Any, Any, Elapsed | None]:
     """``(state, history or logs, elapsed)`` from what a loop function returned."""
     if isinstance(result, History | Logs):
@@ -22,6 +38,8 @@ def _split_result(name: str, result: Any) -> tuple[Any, Any, Elapsed | None]:
     if isinstance(result, tuple) and len(result) in (2, 3):
         state, logs = result[0], result[1]
         elapsed = result[2] if len(result) == 3 else None
+        if isinstance(logs, list) and (converted := _as_history(logs)) is not None:
+            return state, converted, None
         if isinstance(logs, History | Mapping) and (
             elapsed is None or isinstance(elapsed, Elapsed)
         ):
@@ -48,7 +66,9 @@ def inner_loop(
         name: the suffix of the entries (and the callback's name in errors).
         loop_fn: ``state -> (state, history, elapsed)`` like :func:`ciclo.loop`, or
             ``state -> (state, logs, elapsed)`` like :func:`ciclo.test_loop` (whose logs are
-            already aggregated and are used as they are).
+            already aggregated and are used as they are). The history may also be a list
+            of ``{collection: {name: value}}`` dicts (the original ciclo's history);
+            ``"mean"`` is then the plain mean of its rows.
         aggregation: how the rows of the inner history become one value per entry:
             ``"last"`` (default), ``"first"``, ``"mean"`` (weighted by samples), ``"sum"``,
             ``"min"``, ``"max"``, a callable on the values stacked along axis 0, or a dict

@@ -312,6 +312,8 @@ def keras_bar(
 class TqdmBar(_Bar):
     """A tqdm bar; see :func:`tqdm_bar`."""
 
+    by_hand_arguments = ("batch", "logs")  # bar(elapsed, batch), as in the original ciclo
+
     def __init__(
         self,
         total: int | Period,

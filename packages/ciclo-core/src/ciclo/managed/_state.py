@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax  # type: ignore[import-untyped]
 
-from .._loop._hooks import as_logs
+from .._loop._hooks import NO_CHANGE, parse_return
 from .._loop._state import LoopState
 from .._records._aggregate import merge_micro_logs
 from .._records._logs import Logs
@@ -110,17 +110,21 @@ class ManagedState:
             raise TypeError(f"tx must be an optax optimizer such as optax.adam(1e-3), got {tx!r}.")
         if isinstance(key, int):
             key = jax.random.key(key)
+        _declare_fields(cls)
         own = {f.name for f in dataclasses.fields(cls)}
         extra = dict(fields.pop("extra", None) or {})
         known = {k: v for k, v in fields.items() if k in own}
         unknown = [k for k in fields if k not in own]
         candidates = sorted(own | _create_options(cls))
         for name in unknown:
-            if not cls.keyword_extras or close_match(name, candidates):
+            # A name a subclass's create() takes and passes on (apply_fn=) is no typo.
+            others = [c for c in candidates if c != name]
+            if not cls.keyword_extras or close_match(name, others):
                 where = f"{cls.__name__}.create()"
                 hint = cls.keyword_extras
                 raise unknown_name_error(where, "keyword", name, candidates, extra_hint=hint)
             extra[name] = fields[name]
+        extra = {name: _keep_static(value) for name, value in extra.items()}
         state = cls(
             step=jnp.zeros((), jnp.int32),
             params=params,
@@ -139,7 +143,8 @@ class ManagedState:
             raise AttributeError(name)
         extra = self.__dict__.get("extra", {})
         if name in extra:
-            return extra[name]
+            value = extra[name]
+            return value.value if type(value) is StaticFunction else value
         names = [f.name for f in dataclasses.fields(self)] + list(extra)
         match = close_match(name, names)
         raise AttributeError(
@@ -169,7 +174,10 @@ class ManagedState:
                         extra_hint=None,
                     )
             changes = {k: v for k, v in changes.items() if k in own}
-            changes["extra"] = {**extra, **extra_changes}
+            changes["extra"] = {
+                **extra,
+                **{name: _keep_static(value) for name, value in extra_changes.items()},
+            }
         return dataclasses.replace(self, **changes)
 
     def apply_gradients(self: S, grads: Any) -> S:
@@ -283,6 +291,41 @@ def _create_options(cls: type) -> frozenset[str]:
     return options
 
 
+class StaticFunction:
+    """A function held in a state's extra fields (``apply_fn=module.apply``): static
+    pytree data with no leaves, compared by identity, so it is never moved to a device nor
+    traced. Attribute access on the state returns the function itself."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Callable[..., Any]) -> None:
+        self.value = value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StaticFunction) and other.value is self.value
+
+    def __repr__(self) -> str:
+        return f"StaticFunction({self.value!r})"
+
+
+jax.tree_util.register_pytree_node(
+    StaticFunction, lambda static: ((), static), lambda static, _: static
+)
+
+
+def _keep_static(value: Any) -> Any:
+    """``value`` as a :class:`StaticFunction` when it is a function, a method or a
+    ``functools.partial`` (callable pytrees such as Equinox modules stay data)."""
+    if inspect.isfunction(value) or inspect.ismethod(value) or inspect.isbuiltin(value):
+        return StaticFunction(value)
+    if isinstance(value, functools.partial):
+        return StaticFunction(value)
+    return value
+
+
 class _Meta:
     """The static fields of a state, as its pytree node data: hashed once. A jitted step
     hashes and compares the node data of its arguments at every call; a state carries its
@@ -310,6 +353,33 @@ class _Meta:
         return repr(self.values)
 
 
+def _declare_fields(cls: type) -> None:
+    """Makes the annotated fields of undecorated subclasses fields (as in the original
+    ciclo, whose states were flax ``struct`` dataclasses): each class up the MRO that
+    annotates fields without being a dataclass itself becomes a
+    ``dataclass(frozen=True, kw_only=True)``, so ``create`` checks them like the built-in
+    ones."""
+    if cls in _DECLARED:
+        return
+    for klass in reversed(cls.__mro__):
+        if (
+            issubclass(klass, ManagedState)
+            and inspect.get_annotations(klass)
+            and "__dataclass_fields__" not in klass.__dict__
+        ):
+            dataclasses.dataclass(frozen=True, kw_only=True)(klass)
+    _DECLARED.add(cls)
+
+
+_DECLARED: set[type] = set()
+
+
+def _is_static(field: dataclasses.Field[Any]) -> bool:
+    """A static field: ``metadata={"static": True}``, or flax's
+    ``struct.field(pytree_node=False)``."""
+    return bool(field.metadata.get("static", False)) or field.metadata.get("pytree_node") is False
+
+
 def _register(cls: type) -> None:
     """Registers ``cls`` as a pytree: data fields are children, static fields the node data.
 
@@ -318,8 +388,8 @@ def _register(cls: type) -> None:
     a frozen dataclass's ``__init__`` costs microseconds per step.
     """
     fields = dataclasses.fields(cls)
-    meta = tuple(f.name for f in fields if f.metadata.get("static", False))
-    data = tuple(f.name for f in fields if not f.metadata.get("static", False))
+    meta = tuple(f.name for f in fields if _is_static(f))
+    data = tuple(f.name for f in fields if not _is_static(f))
     keys = tuple(jax.tree_util.GetAttrKey(name) for name in data)
     new, set_attribute = object.__new__, object.__setattr__
 
@@ -470,8 +540,11 @@ class ManagedStep:
         return broadcasts, statics
 
     def _run(self, state: Any, batch: Any, broadcasts: Any, statics: Any) -> tuple[Logs, Any]:
-        logs, new_state = self.fn(state, batch, *(broadcasts, statics)[: self.arity - 2])
-        return _check_logs(self, logs), new_state
+        out = self.fn(state, batch, *(broadcasts, statics)[: self.arity - 2])
+        if type(out) is tuple and len(out) == 2 and type(out[0]) is Logs and out[1] is not None:
+            return out[0], out[1]  # the common (logs, state)
+        logs, new_state = parse_return(out, f"managed step {self.__name__}", "managed step")
+        return (Logs() if logs is None else logs), (state if new_state is NO_CHANGE else new_state)
 
     def _gradients(
         self, state: Any, batch: Any, broadcasts: Any, statics: Any, micro_steps: int
@@ -749,22 +822,13 @@ def _split_batch(step: ManagedStep, batch: Any, parts: int) -> tuple[Any, int]:
     return micro, (rows.pop() if len(rows) == 1 else -1)
 
 
-def _check_logs(step: ManagedStep, logs: Any) -> Logs:
-    return as_logs(
-        logs,
-        lambda bad: (
-            f"managed step {step.__name__} must return (logs, state) with logs from "
-            f"ciclo.logs(); its first return value is {type(bad).__name__}."
-        ),
-    )
-
-
 def _total_loss(step: ManagedStep, logs: Logs) -> jax.Array:
     losses = logs.get("losses")
     if not losses:
         raise ValueError(
             f"managed train step {step.__name__} logged no loss, so there is nothing to "
-            f"differentiate. Add one: logs.add_loss('loss', loss) (a scalar)."
+            f"differentiate. Add one: logs.add_loss('loss', loss) (a scalar); a flat dict "
+            f"{{name: value}} returned as logs is read as metrics, not losses."
         )
     total = jnp.zeros((), jnp.float32)
     for name, value in losses.items():

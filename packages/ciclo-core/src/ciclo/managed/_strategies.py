@@ -31,6 +31,7 @@ adds a name.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, cast
 
@@ -580,3 +581,9 @@ register_strategy("jit", jit)
 register_strategy("data-parallel", data_parallel)
 register_strategy("data_parallel", data_parallel)
 register_strategy("pmap", pmap)
+# The original ciclo's names of the donating strategies: the same instances as
+# get_strategy("jit", donate=True), so they share compiled steps.
+register_strategy("jit_donate", functools.partial(get_strategy, "jit", donate=True))
+register_strategy(
+    "data_parallel_donate", functools.partial(get_strategy, "data_parallel", donate=True)
+)
