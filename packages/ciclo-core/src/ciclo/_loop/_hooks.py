@@ -462,9 +462,9 @@ def parse_return(out: Any, who: str, kind: str = "callback") -> tuple[Logs | Non
     if isinstance(out, list | str | bytes | set | frozenset):
         raise TypeError(
             f"{who} returned a {type(out).__name__} ({str(out)[:40]!r}), which cannot be a "
-            f"state ({describe(out)}): a {kind} returns (logs, state), (outputs, logs, state), logs, a state or "
-            f"None. {_LOGS_HELP} Return None, logs, (logs, state) or a new state (a pytree "
-            f"of arrays)."
+            f"state ({describe(out)}): a {kind} returns (logs, state), (outputs, logs, "
+            f"state), logs, a state or None. {_LOGS_HELP} Return None, logs, (logs, state) "
+            f"or a new state (a pytree of arrays)."
         )
     if isinstance(out, Mapping):
         raise TypeError(
