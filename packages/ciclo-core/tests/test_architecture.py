@@ -16,7 +16,7 @@ SOURCE = Path(ciclo.__file__).parent
 #: What each folder may import from the rest of ciclo (docs/architecture.md, "The map").
 ALLOWED = {
     "_processes": set(),
-    "_data": {"_processes"},
+    "_data": set(),
     "_time": {"_processes"},
     "_records": {"_processes", "_time"},
     "_loop": {"_processes", "_time", "_records", "_checkpoint"},

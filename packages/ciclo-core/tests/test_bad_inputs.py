@@ -46,6 +46,19 @@ class SD:
         self.p = state["p"]
 
 
+#: A train step and a test step that log a loss, and a generator that ``used_up`` exhausts.
+STEPS = {
+    ciclo.on_train_step: lambda state, batch: ciclo.logs().add_loss("loss", batch.mean()),
+    ciclo.on_test_step: lambda state, batch: ciclo.logs().add_loss("loss", batch.mean()),
+}
+
+
+def used_up() -> Iterator[Any]:
+    batches = (b for b in B)
+    list(batches)
+    return batches
+
+
 # fmt: off
 CASES = [
     ('loop_tasks_list', lambda d: ciclo.loop(S, B, [lambda s: None]), TypeError, r"tasks\ must\ be\ a\ dict\ \{schedule:\ callback\ or\ \[.*mple:\ \{ciclo\.every\(1\):\ train_step\}\."),
@@ -127,13 +140,13 @@ CASES = [
     ('restore_best_no_monitor', lambda d: (ciclo.loop(S, B, {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.restore_best(d.T, S)), ValueError, r"no\ checkpoint\ in\ '.*'\ has\ a\ monitored\ value,\ s.*,\ monitor='<log\ entry>',\ mode=\.\.\.\)\."),
     ('resume_other_tasks', lambda d: (ciclo.loop(S, B, {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.loop(S, B, {ciclo.every(1): [lambda s: None, ciclo.checkpoint(d.T)], ciclo.every(2): lambda s: None}, resume=d.T)), ValueError, r"checkpoint\ 1\ in\ '.*'\ was\ written\ by\ a\ loop\ wit.*same\ order\)\ as\ the\ interrupted\ run\."),
     ('resume_wrong_structure', lambda d: (ciclo.loop(S, B, {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.loop({"x": S}, B, {ciclo.every(1): ciclo.checkpoint(d.T)}, resume=d.T)), ValueError, r"cannot\ restore\ checkpoint\ 1\ in\ '.*'\ into\ this\ .*he\ old\ one\ and\ convert\ it\ yourself\."),
-    ('evaluate_checkpoints_dataset_list', lambda d: ciclo.evaluate_checkpoints(d.T, S, B), TypeError, r"evaluate_checkpoints:\ dataset\ must\ be\ a\ zero\-.*et=lambda:\ batches\(x_test,\ y_test\)\."),
+    ('evaluate_checkpoints_dataset_list', lambda d: ciclo.evaluate_checkpoints(d.T, S, 3), TypeError, r"evaluate_checkpoints:\ dataset\ must\ be\ a\ dataset\ or.*t=lambda:\ make_batches\(x_test,\ y_test\),\ or\ a\ re\-iterable\ dataset\ such\ as\ a\ list\."),
     ('evaluate_checkpoints_poll', lambda d: ciclo.evaluate_checkpoints(d.T, S, lambda: B, poll_interval=0), ValueError, r"evaluate_checkpoints\(poll_interval=0\)\ must\ be"),
     ('evaluate_checkpoints_timeout', lambda d: ciclo.evaluate_checkpoints(d.T, S, lambda: B, timeout=-1), ValueError, r"evaluate_checkpoints\(timeout=\-1\)\ must\ be\ >=\ 0"),
     ('evaluate_checkpoints_empty_dict', lambda d: ciclo.evaluate_checkpoints(d.T, S, {}), ValueError, r"evaluate_checkpoints:\ dataset\ is\ an\ empty\ dic.*ction\}\ for\ several\ evaluation\ sets\."),
     ('evaluate_checkpoints_name_int', lambda d: ciclo.evaluate_checkpoints(d.T, S, {1: lambda: B}), TypeError, r"evaluate_checkpoints:\ dataset\ names\ must\ be\ n"),
     ('evaluate_checkpoints_missing', lambda d: ciclo.evaluate_checkpoints(d.T + "/nope", S, lambda: B), FileNotFoundError, r"checkpoint\ directory\ '.*'\ does\ not\ exist\.\ Give.*hat\ ciclo\.checkpoint\(\.\.\.\)\ wrote\ to\."),
-    ('train_loop_test_dataset_list', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, test_dataset=B), TypeError, r"test_dataset\ must\ be\ a\ zero\-argument\ function.*mbda:\ make_batches\(x_test,\ y_test\)\."),
+    ('train_loop_test_dataset_list', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, test_dataset=3), TypeError, r"test_dataset\ must\ be\ a\ dataset\ or\ a\ function.*mbda:\ make_batches\(x_test,\ y_test\),\ or\ a\ re\-iterable\ dataset\ such\ as\ a\ list\."),
     ('train_loop_epoch_str', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, epoch_duration="1"), TypeError, r"epoch_duration\ must\ be\ an\ int\ \(steps\)\ or\ a\ ci.*_duration=ciclo\.at\(samples=60_000\)\."),
     ('train_loop_test_name_empty', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, test_dataset=lambda: B, test_name=""), TypeError, r"test_dataset\ names\ must\ be\ non\-empty\ strings,"),
     ('train_loop_callbacks_not_list', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, callbacks=lambda s: None), TypeError, r"train_loop:\ callbacks\ must\ be\ a\ list\ of\ callb.*\ callbacks=\[ciclo\.keras_bar\(1000\)\]\."),
@@ -181,7 +194,7 @@ CASES = [
     ('loop_on_start_int', lambda d: ciclo.loop(S, B, {}, on_start=3), TypeError, r"3\ is\ not\ a\ callback:\ give\ a\ function\ taking\ t.*loop_callback__\(loop_state\)\ method\."),
     ('loop_schedule_none_key', lambda d: ciclo.loop(S, B, {None: lambda s: None}), TypeError, r"a\ schedule\ must\ be\ a\ ciclo\ schedule\ or\ a\ call.*lambda\ elapsed:\ elapsed\.steps\ >\ 10\."),
     ('loop_tasks_tuple_of_int', lambda d: ciclo.loop(S, B, {ciclo.every(1): (3,)}), TypeError, r"3\ is\ not\ a\ callback:\ give\ a\ function\ taking\ t.*loop_callback__\(loop_state\)\ method\."),
-    ('train_test_dict_value_list', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, test_dataset={"valid": B}), TypeError, r"test_dataset\['valid'\]\ must\ be\ a\ zero\-argument.*mbda:\ make_batches\(x_test,\ y_test\)\."),
+    ('train_test_dict_value_list', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, test_dataset={"valid": iter(B)}), TypeError, r"test_dataset\['valid'\]\ is\ an\ iterator.*mbda:\ make_batches\(x_test,\ y_test\),\ or\ a\ re\-iterable\ dataset\ such\ as\ a\ list\."),
     ('train_stop_str', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, stop="3"), TypeError, r"stop\ must\ be\ an\ int\ \(steps\)\ or\ a\ ciclo\.at\(\.\.\..*0\ or\ stop=ciclo\.at\(samples=60_000\)\."),
     ('train_history_list', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, history=[]), TypeError, r"loop\(history=\[\]\):\ expected\ a\ ciclo\.History\ \(e.*r\ loop\ returned\)\ or\ None,\ got\ list\."),
     ('train_elapsed_int', lambda d: ciclo.train_loop(S, B, {ciclo.on_train_step: lambda s: None}, elapsed=3), TypeError, r"loop\(elapsed=3\):\ expected\ a\ ciclo\.Elapsed\ \(wh.*\ ciclo\.loop\(\.\.\.\)\)\ or\ None,\ got\ int\."),
@@ -211,6 +224,14 @@ CASES = [
     ('restore_best_file', lambda d: ciclo.restore_best(d.F, S), NotADirectoryError, r"checkpoint\ directory\ '.*'\ is\ a\ file,\ not\ a\ dir.*hat\ ciclo\.checkpoint\(\.\.\.\)\ wrote\ to\."),
     ('restore_best_missing', lambda d: ciclo.restore_best(d.T + "/nope", S), FileNotFoundError, r"checkpoint\ directory\ '.*'\ does\ not\ exist\.\ Give.*hat\ ciclo\.checkpoint\(\.\.\.\)\ wrote\ to\."),
     ('resume_generator_too_short', lambda d: (ciclo.loop(S, iter(B * 3), {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.loop(S, iter(B), {ciclo.every(1): ciclo.checkpoint(d.T)}, resume=d.T, stop=5)), ValueError, r"the\ dataset\ ended\ after\ 1\ batches\ while\ skipp.*umed:\ resume\ with\ the\ same\ dataset\."),
+    ('piecewise_mixed_units_out_of_order', lambda d: ciclo.loop(S, B * 4, {ciclo.piecewise({ciclo.at(samples=100): ciclo.every(1), 2: ciclo.every(2)}): lambda state: None}), ValueError, r"piecewise\(\)\ starts\ must\ be\ reached\ in\ the\ order.*ciclo\.at\(steps=2\)\ was\ reached\ before\ ciclo\.at\(samples=100\).*write\ them\ in\ the\ order\ they\ take\ over,\ or\ in\ one\ unit\."),
+    ('generator_reused_after_exhausted', lambda d: ciclo.loop(S, used_up(), {ciclo.every(1): lambda state: None}), ValueError, r"loop\(dataset=\.\.\.\)\ is\ a\ generator\ that\ is\ already\ exhausted.*call\ its\ function\ again\ for\ a\ new\ one"),
+    ('test_dataset_empty', lambda d: ciclo.train_loop(S, B * 2, STEPS, test_dataset=lambda: [], epoch_duration=1), ValueError, r"the\ evaluation\ saw\ no\ batch:\ test_dataset\ yielded\ nothing.*give\ a\ function\ returning\ a\ fresh\ dataset"),
+    ('test_dataset_exhausted_iterator', lambda d: ciclo.train_loop(S, B * 2, STEPS, test_dataset={"valid": (lambda it: lambda: it)(iter(B))}, epoch_duration=1), ValueError, r"the\ evaluation\ saw\ no\ batch:\ test_dataset\['valid'\]\ yielded\ nothing.*an\ earlier\ evaluation\ used\ up"),
+    ('test_dataset_iterator', lambda d: ciclo.train_loop(S, B * 2, STEPS, test_dataset=iter(B)), TypeError, r"test_dataset\ is\ an\ iterator\ \(list_iterator\),\ which\ the\ first.*or\ a\ re\-iterable\ dataset\ such\ as\ a\ list\."),
+    ('test_loop_empty_dataset', lambda d: ciclo.test_loop(S, [], {ciclo.on_test_step: STEPS[ciclo.on_test_step]}), ValueError, r"the\ evaluation\ saw\ no\ batch:\ test_loop\(dataset=\.\.\.\)\ yielded\ nothing"),
+    ('evaluate_checkpoints_iterator', lambda d: ciclo.evaluate_checkpoints(d.T, S, iter(B)), TypeError, r"evaluate_checkpoints:\ dataset\ is\ an\ iterator.*called\ for\ each\ checkpoint\)"),
+    ('es_monitor_never_logged_in_train_loop', lambda d: ciclo.train_loop(S, B * 4, STEPS, callbacks=[ciclo.early_stopping("val_loss", 2)], test_dataset=lambda: B, epoch_duration=2), KeyError, r"early_stopping:\ monitor\ 'val_loss'\ is\ not\ in\ the\ logs.*'losses\.loss_test'.*check\ the\ spelling"),
     ('resume_stateful_into_list', lambda d: (ciclo.loop(S, SD(), {ciclo.every(1): ciclo.checkpoint(d.T)}, stop=2), ciclo.loop(S, B * 3, {ciclo.every(1): ciclo.checkpoint(d.T)}, resume=d.T)), TypeError, r"the\ checkpoint\ holds\ the\ dataset's\ state_dict.*\ of\ dataset\ as\ the\ interrupted\ run\."),
 ]
 # fmt: on

@@ -153,8 +153,8 @@ def test_evaluation_callbacks_see_each_checkpoint(regression, tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"dataset": [1, 2]}, TypeError, r"dataset must be a zero-argument function"),
-        ({"dataset": {"valid": [1]}}, TypeError, r"dataset\['valid'\] must be a zero-arg"),
+        ({"dataset": 3}, TypeError, r"dataset must be a dataset or a function returning one"),
+        ({"dataset": {"valid": iter([1])}}, TypeError, r"dataset\['valid'\] is an iterator"),
         ({"dataset": {}}, ValueError, r"dataset is an empty dict"),
         ({"poll_interval": 0}, ValueError, r"poll_interval=0\) must be > 0"),
     ],

@@ -45,6 +45,25 @@ def test_two_evaluation_sets_are_separate_columns_equal_to_direct_evaluations():
     assert history.collect("loss") == [pytest.approx(0.5**k) for k in range(6)]
 
 
+def test_re_iterable_datasets_are_evaluated_anew_like_factories():
+    """Lists (and other re-iterables) stand for factories: each evaluation iterates them
+    from the start, so no set is used up and no lambda is late-bound."""
+    data = {name: make() for name, make in SETS.items()}
+    _, history, _ = ciclo.train_loop(
+        1.0, [np.ones((2, 1))] * 6, STEPS, test_dataset=data, epoch_duration=3
+    )
+    _, expected, _ = ciclo.train_loop(
+        1.0, [np.ones((2, 1))] * 6, STEPS, test_dataset=SETS, epoch_duration=3
+    )
+    for key in ("score_valid", "score_test"):
+        assert history.collect(key) == expected.collect(key)
+        assert len(history.collect(key)) == 2
+    _, single, _ = ciclo.train_loop(
+        1.0, [np.ones((2, 1))] * 6, STEPS, test_dataset=data["test"], epoch_duration=3
+    )
+    assert single.collect("score_test") == expected.collect("score_test")
+
+
 def test_each_set_can_have_its_own_duration():
     _, history, _ = ciclo.train_loop(
         1.0,
@@ -91,9 +110,9 @@ def test_test_callbacks_run_for_every_set_and_epoch_end_sees_both():
     ("options", "error", "match"),
     [
         (
-            {"test_dataset": {"valid": [np.ones(1)]}},
+            {"test_dataset": {"valid": iter([np.ones(1)])}},
             TypeError,
-            r"test_dataset\['valid'\] must be a zero-argument function",
+            r"test_dataset\['valid'\] is an iterator \(list_iterator\).*zero-argument function",
         ),
         (
             {"test_dataset": SETS, "test_duration": {"tets": 2}},

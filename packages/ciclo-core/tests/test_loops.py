@@ -466,8 +466,8 @@ def test_missing_steps_and_bad_arguments_are_clear_errors():
     with pytest.raises(ValueError, match=r"predict_loop has no predict_step"):
         ciclo.predict_loop(None, [1], {ciclo.on_predict_batch_end: print})
     step = {ciclo.on_train_step: lambda: None}
-    with pytest.raises(TypeError, match=r"test_dataset must be a zero-argument function.*lambda"):
-        ciclo.train_loop(None, [1], {**step, ciclo.on_test_step: print}, test_dataset=[1, 2])
+    with pytest.raises(TypeError, match=r"test_dataset must be a dataset or a function.*lambda"):
+        ciclo.train_loop(None, [1], {**step, ciclo.on_test_step: print}, test_dataset=3)
     with pytest.raises(ValueError, match=r"test_dataset but no test step"):
         ciclo.train_loop(None, [1], step, test_dataset=lambda: [1])
     with pytest.raises(ValueError, match=r"test_duration needs a test_dataset"):

@@ -8,7 +8,8 @@ import time as _time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .._loops._test import test_loop
+from .._loops._evaluation import dataset_factory
+from .._loops._test import evaluate_dataset
 from .._records._aggregate import rename_logs
 from .._records._history import History
 from .._records._logs import Logs
@@ -36,15 +37,15 @@ def _datasets(dataset: Any) -> dict[str | None, DatasetFactory]:
             sets[name] = factory
     else:
         sets = {None: dataset}
-    for name, factory in sets.items():
-        if not callable(factory):
-            where = "dataset" if name is None else f"dataset[{name!r}]"
-            raise TypeError(
-                f"evaluate_checkpoints: {where} must be a zero-argument function returning "
-                f"a fresh dataset (it is called for each checkpoint), got "
-                f"{type(factory).__name__}. Example: {where}=lambda: batches(x_test, y_test)."
-            )
-    return sets
+    return {
+        name: dataset_factory(
+            factory,
+            "dataset" if name is None else f"dataset[{name!r}]",
+            "for each checkpoint",
+            who="evaluate_checkpoints: ",
+        )
+        for name, factory in sets.items()
+    }
 
 
 def _saved_steps(path: str) -> list[int]:
@@ -68,7 +69,7 @@ def _marker_path(path: str, final_marker: str | os.PathLike[str] | None) -> str 
 def evaluate_checkpoints(
     directory: str | os.PathLike[str],
     state: Any,
-    dataset: DatasetFactory | Mapping[str, DatasetFactory],
+    dataset: DatasetFactory | Iterable[Any] | Mapping[str, DatasetFactory | Iterable[Any]],
     tasks: Mapping[Any, Any] | None = None,
     *,
     callbacks: Sequence[Any] | None = None,
@@ -106,7 +107,8 @@ def evaluate_checkpoints(
         state: a state built like the saved one; its structure, shapes, dtypes and
             shardings are used, and its ``test_step`` method when ``tasks`` gives none.
         dataset: a zero-argument function returning a fresh evaluation dataset, or a
-            dict ``{name: function}`` of several sets, whose entries are then renamed
+            re-iterable dataset (a list: iterated anew for each checkpoint), or a
+            dict ``{name: function or dataset}`` of several sets, whose entries are then renamed
             ``<entry>_<name>`` (``accuracy_valid``, ``accuracy_test``) as in
             :func:`ciclo.train_loop`; with one function, entries keep their names.
         tasks, callbacks: the test step and callbacks, as in :func:`ciclo.test_loop`
@@ -161,10 +163,12 @@ def evaluate_checkpoints(
             return False
         logs = Logs()
         for name, factory in sets.items():
-            _, set_logs, _ = test_loop(
+            _, set_logs, _ = evaluate_dataset(
                 restored.state,
                 factory(),
                 tasks,
+                "the dataset of evaluate_checkpoints"
+                + ("" if name is None else f" (dataset[{name!r}])"),
                 callbacks=callbacks,
                 batch_size_fn=batch_size_fn,
                 stop=stop,

@@ -3,6 +3,7 @@ not found later as an obscure error deep in the loop."""
 
 from __future__ import annotations
 
+import inspect
 import numbers
 import signal
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from typing import Any
 from .._records._history import History
 from .._time._elapsed import Elapsed
 
-__all__ = ["check_arguments", "checked_batch_size_fn"]
+__all__ = ["check_arguments", "check_dataset", "checked_batch_size_fn"]
 
 
 def check_arguments(history: Any, elapsed: Any, batch_size_fn: Any, stop_signals: Any) -> None:
@@ -81,3 +82,24 @@ def checked_batch_size_fn(fn: Callable[[Any], Any]) -> Callable[[Any], int]:
         )
 
     return batch_size
+
+
+def check_dataset(dataset: Any, who: str = "loop(dataset=...)") -> None:
+    """Raises a ``ValueError`` for a generator that already ran to its end: reused, it
+    would yield nothing, and the loop would end at once with no step and no error.
+
+    Example:
+        >>> batches = (x for x in [1, 2])
+        >>> check_dataset(batches)
+        >>> list(batches)
+        [1, 2]
+        >>> check_dataset(batches)
+        Traceback (most recent call last):
+        ValueError: loop(dataset=...) is a generator that is already exhausted (an earlier loop or a list() consumed it), so it would yield no batch. A generator runs once: call its function again for a new one, or give a list or another re-iterable dataset.
+    """  # noqa: E501
+    if inspect.isgenerator(dataset) and inspect.getgeneratorstate(dataset) == "GEN_CLOSED":
+        raise ValueError(
+            f"{who} is a generator that is already exhausted (an earlier loop or a list() "
+            f"consumed it), so it would yield no batch. A generator runs once: call its "
+            f"function again for a new one, or give a list or another re-iterable dataset."
+        )

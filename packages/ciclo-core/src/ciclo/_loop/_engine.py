@@ -22,7 +22,7 @@ from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period, elapse
 from .._time._schedules import NamedSchedule, Schedule, as_schedule
 from ._agreed import AgreedLoopState, agreed_elapse
-from ._arguments import check_arguments, checked_batch_size_fn
+from ._arguments import check_arguments, check_dataset, checked_batch_size_fn
 from ._callback import Callback, as_callback, callback_name
 from ._fusion import run_fused_steps
 from ._hooks import EndHook, end_hook_owners, steps_per_call
@@ -221,6 +221,7 @@ def loop(
         (5, 5, [1.0, 1.0, 1.0, 1.0, 1.0])
     """
     check_arguments(history, elapsed, batch_size_fn, stop_signals)
+    check_dataset(dataset)
     if batch_size_fn is not None:
         batch_size_fn = checked_batch_size_fn(batch_size_fn)
     task_list = normalize_tasks(tasks)

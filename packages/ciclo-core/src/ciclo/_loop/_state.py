@@ -39,6 +39,9 @@ class LoopState:
             interrupted loop had started from), so ``elapsed.steps -
             initial_elapsed.steps`` batches were drawn from ``dataset``.
         resumed: ``True`` when the loop continued a run from a checkpoint.
+        evaluated: ``True`` once every evaluation set of ``train_loop`` has been evaluated
+            in this loop (always ``True`` in other loops): from then on, a monitor missing
+            from the logs at an epoch's end was never logged, not just not evaluated yet.
     """
 
     __slots__ = (
@@ -48,6 +51,7 @@ class LoopState:
         "batch_size_fn",
         "dataset",
         "elapsed",
+        "evaluated",
         "history",
         "initial_elapsed",
         "logs",
@@ -84,6 +88,7 @@ class LoopState:
         self.dataset = dataset
         self.initial_elapsed = elapsed
         self.resumed = False
+        self.evaluated = True
         self._step_end: list[Callable[[LoopState], None]] = []
 
     def at_step_end(self, fn: Callable[[LoopState], None]) -> None:

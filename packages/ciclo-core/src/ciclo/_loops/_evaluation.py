@@ -1,5 +1,6 @@
-"""The evaluation sets of ``train_loop``: ``test_dataset`` (one factory, or a dict of them)
-and ``test_duration`` (one period, or one per set) parsed into one entry per set."""
+"""The evaluation sets of ``train_loop``: ``test_dataset`` (one factory or re-iterable
+dataset, or a dict of them) and ``test_duration`` (one period, or one per set) parsed into
+one entry per set."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from .._time._units import period_unit
 
-__all__ = ["EvaluationSet", "evaluation_sets"]
+__all__ = ["EvaluationSet", "dataset_factory", "dataset_label", "evaluation_sets"]
 
 #: ``(factory, (unit, amount) or None)``: a set's dataset factory and its own period.
 EvaluationSet = tuple[Callable[[], Iterable[Any]], tuple[str, float] | None]
@@ -45,17 +46,8 @@ def evaluation_sets(
     for name, factory in factories.items():
         if not isinstance(name, str) or not name:
             raise TypeError(f"test_dataset names must be non-empty strings, got {name!r}.")
-        if not callable(factory):
-            where = (
-                "test_dataset"
-                if len(factories) == 1 and name == test_name
-                else (f"test_dataset[{name!r}]")
-            )
-            raise TypeError(
-                f"{where} must be a zero-argument function returning a fresh dataset "
-                f"(it is called at each evaluation), got {type(factory).__name__}. "
-                f"Example: {where}=lambda: make_batches(x_test, y_test)."
-            )
+        where = dataset_label(test_dataset, name)
+        factories[name] = dataset_factory(factory, where, "at each evaluation")
     _check_late_binding(factories)
     if isinstance(test_duration, Mapping):
         unknown = [name for name in test_duration if name not in factories]
@@ -76,6 +68,64 @@ def evaluation_sets(
         )
         for name, factory in factories.items()
     }
+
+
+def dataset_label(test_dataset: Any, name: str) -> str:
+    """How messages name an evaluation set: ``test_dataset``, or ``test_dataset['valid']``
+    in a dict of sets."""
+    return f"test_dataset[{name!r}]" if isinstance(test_dataset, Mapping) else "test_dataset"
+
+
+class _Reiterated:
+    """A re-iterable dataset as a factory: each call returns the dataset itself, which a new
+    ``for`` loop iterates from its start."""
+
+    def __init__(self, dataset: Iterable[Any]) -> None:
+        self.dataset = dataset
+
+    def __call__(self) -> Iterable[Any]:
+        return self.dataset
+
+    def __repr__(self) -> str:
+        return f"<the {type(self.dataset).__name__} given>"
+
+
+def dataset_factory(
+    value: Any, where: str, when: str, who: str = ""
+) -> Callable[[], Iterable[Any]]:
+    """An evaluation dataset as a zero-argument function returning a fresh dataset: a
+    function is kept, a re-iterable dataset (a list, an array, a Grain ``MapDataset``) is
+    returned by each call; an iterator, which one evaluation would use up, is an error.
+    ``where`` names the argument in messages (after ``who``, the function's name).
+
+    Example:
+        >>> dataset_factory([1, 2], "test_dataset", "at each evaluation")()
+        [1, 2]
+        >>> dataset_factory(iter([1, 2]), "test_dataset", "at each evaluation")
+        Traceback (most recent call last):
+        ...
+        TypeError: test_dataset is an iterator (list_iterator), which the first evaluation would use up, leaving the next ones no batch. Give a zero-argument function returning a fresh one (it is called at each evaluation), e.g. test_dataset=lambda: make_batches(x_test, y_test), or a re-iterable dataset such as a list.
+    """  # noqa: E501
+    if callable(value):
+        return value  # type: ignore[no-any-return]
+    fix = (
+        f"Give a zero-argument function returning a fresh one (it is called {when}), e.g. "
+        f"{where}=lambda: make_batches(x_test, y_test), or a re-iterable dataset such as a "
+        f"list."
+    )
+    try:
+        iterator = iter(value)
+    except TypeError:
+        raise TypeError(
+            f"{who}{where} must be a dataset or a function returning one, got "
+            f"{type(value).__name__}. {fix}"
+        ) from None
+    if iterator is value:
+        raise TypeError(
+            f"{who}{where} is an iterator ({type(value).__name__}), which the first evaluation "
+            f"would use up, leaving the next ones no batch. {fix}"
+        )
+    return _Reiterated(value)
 
 
 def _same_function(a: Any, b: Any) -> bool:

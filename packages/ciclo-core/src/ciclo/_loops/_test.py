@@ -17,7 +17,13 @@ from .._time._schedules import always
 from ._named import moments
 from ._registry import Hook, Registry, check_no_hooks, loop_tasks
 
-__all__ = ["EVALUATION_STEPS_IN_FLIGHT", "TEST_AGGREGATION", "run_batches", "test_loop"]
+__all__ = [
+    "EVALUATION_STEPS_IN_FLIGHT",
+    "TEST_AGGREGATION",
+    "evaluate_dataset",
+    "run_batches",
+    "test_loop",
+]
 
 #: The aggregation of test_loop: sample-weighted means of losses and metrics, the last
 #: value of stateful metrics and of other collections, no outputs.
@@ -119,6 +125,38 @@ def test_loop(
         >>> round(float(logs.metrics.mean), 4), elapsed.samples
         (0.6667, 6)
     """
+    return evaluate_dataset(
+        state,
+        dataset,
+        tasks,
+        "test_loop(dataset=...)",
+        callbacks=callbacks,
+        aggregation=aggregation,
+        stop=stop,
+        batch_size_fn=batch_size_fn,
+        metadata=metadata,
+        **loop_kwargs,
+    )
+
+
+test_loop.__test__ = False  # type: ignore[attr-defined]  # not a pytest test when imported
+
+
+def evaluate_dataset(
+    state: Any,
+    dataset: Iterable[Any],
+    tasks: Mapping[Any, Any] | None,
+    where: str,
+    *,
+    callbacks: Sequence[Any] | None = None,
+    aggregation: AggregationSpec | None = None,
+    stop: int | Period | None = None,
+    batch_size_fn: Callable[[Any], int] | None = None,
+    metadata: Any = None,
+    **loop_kwargs: Any,
+) -> tuple[Any, Logs, Elapsed]:
+    """:func:`test_loop`, whose error for a dataset that yields no batch names the dataset
+    as ``where`` (``"test_dataset['valid']"`` in ``train_loop``)."""
     check_no_hooks("test_loop", loop_kwargs)
     registry = Registry("test_loop", moments("test"), "on_test_step", state, tasks, callbacks)
     registry.require_step("test_step")
@@ -150,7 +188,11 @@ def test_loop(
         metadata=metadata,
         **loop_kwargs,
     )
+    if elapsed.steps == 0 and stop != 0:
+        raise ValueError(
+            f"the evaluation saw no batch: {where} yielded nothing, so there is no metric "
+            f"to report. It is empty, or an iterator or generator that an earlier "
+            f"evaluation used up: give a function returning a fresh dataset (called for "
+            f"each evaluation) or a re-iterable one such as a list."
+        )
     return state, result[0], elapsed
-
-
-test_loop.__test__ = False  # type: ignore[attr-defined]  # not a pytest test when imported

@@ -16,10 +16,10 @@ from .._time._schedules import always
 from .._time._units import period_unit
 from ..callbacks._inner_loop import inner_loop
 from ._clock import EpochClock
-from ._evaluation import EvaluationSet, evaluation_sets
+from ._evaluation import EvaluationSet, dataset_label, evaluation_sets
 from ._named import NAMED_SCHEDULES, moments
 from ._registry import Hook, Registry, check_no_hooks, loop_tasks
-from ._test import test_loop
+from ._test import evaluate_dataset
 
 __all__ = ["train_loop"]
 
@@ -31,7 +31,8 @@ def train_loop(
     *,
     callbacks: Sequence[Any] | None = None,
     test_dataset: Callable[[], Iterable[Any]]
-    | Mapping[str, Callable[[], Iterable[Any]]]
+    | Iterable[Any]
+    | Mapping[str, Callable[[], Iterable[Any]] | Iterable[Any]]
     | None = None,
     epoch_duration: int | Period | None = None,
     test_duration: int | Period | Mapping[str, int | Period | None] | None = None,
@@ -107,8 +108,9 @@ def train_loop(
             ``on_train_batch_end``, ``on_test_step``...) register themselves, e.g.
             ``[ciclo.keras_bar(1000), ciclo.early_stopping("loss_test", patience=3)]``.
         test_dataset: a zero-argument function returning a fresh evaluation dataset,
-            called at each evaluation (``lambda: batches(x_test, y_test)``), or a dict
-            ``{name: function}`` of several evaluation sets.
+            called at each evaluation (``lambda: batches(x_test, y_test)``), or a
+            re-iterable dataset (a list of batches: iterated anew at each evaluation; not
+            an iterator), or a dict ``{name: function or dataset}`` of several sets.
         epoch_duration: an epoch's length: an int (steps) or ``ciclo.at(samples=...)`` /
             ``ciclo.at(time=...)``.
         test_duration: evaluate every this much training instead of every epoch; a dict
@@ -167,18 +169,27 @@ def train_loop(
     }
 
     runs = dict.fromkeys(sets, 0)  # evaluations run by this loop, per set
+    running: list[LoopState] = []  # the loop, once started
+
+    def start_counting(loop_state: LoopState) -> None:
+        running.append(loop_state)
+        loop_state.evaluated = not sets
 
     def evaluation(name: str, make_dataset: Callable[[], Iterable[Any]]) -> Any:
         def run_test(state: Any) -> tuple[Any, Logs, Elapsed]:
-            runs[name] += 1
-            return test_loop(
+            result = evaluate_dataset(
                 state,
                 make_dataset(),
                 test_tasks,
+                dataset_label(test_dataset, name),
                 batch_size_fn=batch_size_fn,
                 metadata=metadata,
                 stop_signals=(),  # a Ctrl-C during evaluation stops the training loop
             )
+            runs[name] += 1
+            if running and all(runs.values()):
+                running[0].evaluated = True  # monitors of evaluation entries: now strict
+            return result
 
         return inner_loop(name, run_test)
 
@@ -194,7 +205,11 @@ def train_loop(
             (clock.ends(), named["on_epoch_end"]),
         ),
     }
-    start: list[Any] = [clock.bind, *named["on_train_begin"]]
+    start: list[Any] = [
+        clock.bind,
+        Hook("train_loop evaluations", start_counting),
+        *named["on_train_begin"],
+    ]
     if test_at_start and evaluations:
         start.append(Hook("train_loop test_at_start", _evaluate_at_start(evaluations)))
     on_end: list[Any] = []

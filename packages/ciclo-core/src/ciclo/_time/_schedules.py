@@ -224,17 +224,39 @@ def after(
     return _After(unit, start)
 
 
+def _as_at(period: Period) -> str:
+    fields = ", ".join(f"{unit}={amount:g}" for unit, amount in period.fields().items())
+    return f"ciclo.at({fields})"
+
+
 class _Piecewise(Schedule):
-    def __init__(self, pieces: list[tuple[Period, Schedule]]) -> None:
+    def __init__(self, pieces: list[tuple[Period, Schedule]], *, check_order: bool) -> None:
         self.pieces = pieces
+        # Starts in mixed units cannot be compared when the schedule is built: each call
+        # checks that they are reached in the order written.
+        self.check_order = check_order
 
     def __call__(self, elapsed: Elapsed) -> bool:
         active = None
+        unreached = None
         for start, schedule in self.pieces:
             fired = schedule(elapsed)  # every piece sees every call, to stay in step
             if start.reached_by(elapsed):
+                if self.check_order and unreached is not None:
+                    self._raise_out_of_order(unreached, start, elapsed)
                 active = fired
+            elif unreached is None:
+                unreached = start
         return bool(active)
+
+    def _raise_out_of_order(self, unreached: Period, start: Period, elapsed: Elapsed) -> None:
+        raise ValueError(
+            f"piecewise() starts must be reached in the order they are written: "
+            f"{_as_at(start)} was reached before {_as_at(unreached)}, which comes first (at "
+            f"steps={elapsed.steps}, "
+            f"samples={elapsed.samples}). Starts in different units cannot be sorted when the "
+            f"schedule is built; write them in the order they take over, or in one unit."
+        )
 
     def children(self) -> tuple[Schedule, ...]:
         return tuple(s for _, s in self.pieces)
@@ -263,14 +285,15 @@ def piecewise(
         assert period is not None
         parsed.append((period, as_schedule(schedule)))
     starts = [period.fields() for period, _ in parsed]
-    if all(len(f) == 1 for f in starts) and len({next(iter(f)) for f in starts}) == 1:
+    one_unit = all(len(f) == 1 for f in starts) and len({next(iter(f)) for f in starts}) == 1
+    if one_unit:
         values = [next(iter(f.values())) for f in starts]
         if any(b <= a for a, b in itertools.pairwise(values)):
             raise ValueError(
                 f"piecewise() starts must be increasing, got {values}. Write the pieces in "
                 f"the order they take over, e.g. {{0: ciclo.every(1), 100: ciclo.every(10)}}."
             )
-    return _Piecewise(parsed)
+    return _Piecewise(parsed, check_order=not one_unit)
 
 
 class _Constant(Schedule):

@@ -217,7 +217,8 @@ class EarlyStopping(LoopCallbackBase):
         self.check(loop_state)
 
     def on_epoch_end(self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState) -> None:
-        self.check(loop_state, strict=False)
+        # Until every evaluation set has run, a missing evaluation entry may not be due yet.
+        self.check(loop_state, strict=loop_state.evaluated)
 
     def on_train_end(
         self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
