@@ -146,7 +146,8 @@ def examples(session: nox.Session) -> None:
 
 
 def _install_bench(session: nox.Session) -> None:
-    session.install(*_packages(*ADAPTERS), "keras>=3")
+    # pytest: ciclo.testing (the loopback job of multihost_agreement.py) imports it.
+    session.install(*_packages(*ADAPTERS), "keras>=3", "pytest>=8")
 
 
 @nox.session(python=PYTHONS[0])

@@ -11,25 +11,14 @@ The single-process overhead (no agreement at all) is ``loop_overhead.py``.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
-from pathlib import Path
 
 
 def _worker(process: int, port: int, tiny: bool, json_path: str | None) -> None:
-    import jax
+    from ciclo.testing import join_loopback
 
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    address = f"127.0.0.1:{port}"
-    jax.distributed.initialize(
-        coordinator_address=address,
-        coordinator_bind_address=address,
-        num_processes=2,
-        process_id=process,
-        initialization_timeout=60,
-    )
+    join_loopback(process, 2, port)
+    import jax
     import jax.numpy as jnp
     import numpy as np
     import optax
@@ -89,22 +78,15 @@ def main() -> None:
     from _harness import parse_args
 
     args = parse_args(__doc__ or "")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    from ciclo.testing import free_port, run_on_loopback
+
+    port = free_port()
     options = json.dumps({"tiny": args.tiny, "json": args.json})
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(i), str(port), options],
-            env=env,
-            cwd=Path(__file__).parent,
-        )
-        for i in range(2)
-    ]
-    codes = [proc.wait(timeout=600) for proc in procs]
-    if any(codes):
-        sys.exit(f"a worker failed: exit statuses {codes}")
+    command = [sys.executable, __file__, "--worker"]
+    run = run_on_loopback([[*command, str(i), str(port), options] for i in range(2)], timeout=600)
+    print(run.outputs[0], end="")
+    if any(run.codes):
+        sys.exit(f"a worker failed: exit statuses {run.codes}\n{run.outputs[1][-3000:]}")
 
 
 if __name__ == "__main__":

@@ -41,17 +41,9 @@ class Positioned:
 
 
 def main(scenario: str, process: int, port: int, out_dir: str, options: dict) -> None:
-    import jax
+    from ciclo.testing import join_loopback
 
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    address = f"127.0.0.1:{port}"
-    jax.distributed.initialize(
-        coordinator_address=address,
-        coordinator_bind_address=address,
-        num_processes=2,
-        process_id=process,
-        initialization_timeout=60,
-    )
+    join_loopback(process, 2, port)
     import jax.numpy as jnp
     import numpy as np
     import optax

@@ -10,17 +10,10 @@ import sys
 
 
 def main(process_id: int, port: int, data_path: str, out_path: str) -> None:
-    import jax
+    from ciclo.testing import join_loopback
 
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    address = f"127.0.0.1:{port}"
-    jax.distributed.initialize(
-        coordinator_address=address,
-        coordinator_bind_address=address,
-        num_processes=2,
-        process_id=process_id,
-        initialization_timeout=60,
-    )
+    join_loopback(process_id, 2, port)
+    import jax
     import jax.numpy as jnp
     import numpy as np
     import optax

@@ -4,16 +4,14 @@ takes each decision of the loop at the same step, and a fault ends the job, neve
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from ciclo.testing import free_port, run_on_loopback
 
 WORKER = Path(__file__).with_name("multihost_loop_worker.py")
 TIMEOUT = 150  # seconds, for both processes together
@@ -21,43 +19,16 @@ TIMEOUT = 150  # seconds, for both processes together
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def run_pair(scenario: str, out: Path, **options) -> tuple[list[int], list[str], float]:
     """Runs both processes; returns their exit statuses, outputs, and the seconds taken."""
     out.mkdir(exist_ok=True)
     port = free_port()
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-    }
     command = [sys.executable, str(WORKER), scenario]
-    start = time.monotonic()
-    procs = [
-        subprocess.Popen(
-            [*command, str(i), str(port), str(out), json.dumps(options)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    outputs = []
-    try:
-        for proc in procs:
-            stdout, stderr = proc.communicate(timeout=TIMEOUT)
-            outputs.append(stdout + stderr)
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-        pytest.fail(f"the 2-process run {scenario!r} hung (more than {TIMEOUT} s)")
-    return [p.returncode for p in procs], outputs, time.monotonic() - start
+    return run_on_loopback(
+        [[*command, str(i), str(port), str(out), json.dumps(options)] for i in range(2)],
+        devices_per_process=2,
+        timeout=TIMEOUT,
+    )
 
 
 def results(out: Path) -> list[dict]:
@@ -91,7 +62,9 @@ def test_test_duration_in_time_evaluates_at_the_same_steps(tmp_path):
 
 
 def test_terminate_on_nan_stops_both_processes_at_the_same_step(tmp_path):
-    codes, outputs, _ = run_pair("nan", tmp_path, nan_at=10)
+    # terminate_on_nan looks every 0.5 s: the 40 steps take over 1.2 s, so the NaN of
+    # step 10 is seen before the dataset ends, however fast the machine.
+    codes, outputs, _ = run_pair("nan", tmp_path, nan_at=10, step_sleep=0.03)
     check_ok(codes, outputs)
     first, second = results(tmp_path)
     assert first["steps"] == second["steps"] < 40

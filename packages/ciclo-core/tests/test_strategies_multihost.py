@@ -3,9 +3,6 @@ end with the same params as one process fed the whole batches."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,46 +12,24 @@ import optax
 import pytest
 
 import ciclo
+from ciclo.testing import free_port, run_on_loopback
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 TIMEOUT = 180  # seconds, for both processes together
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def run_processes(data_path: Path, tmp_path: Path) -> list[dict[str, np.ndarray]]:
     port = free_port()
-    env = {
-        **os.environ,
-        "JAX_PLATFORMS": "cpu",
-        # 2 devices per process: 4 in all, each holding a quarter of every batch.
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-    }
     outs = [tmp_path / f"out{i}.npz" for i in range(2)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(i), str(port), str(data_path), str(outs[i])],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=TIMEOUT)[0])
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-        pytest.fail(f"the 2-process run did not finish in {TIMEOUT}s")
-    for i, proc in enumerate(procs):
-        assert proc.returncode == 0, f"process {i} failed:\n{logs[i][-3000:]}"
+    # 2 devices per process: 4 in all, each holding a quarter of every batch.
+    codes, logs, _ = run_on_loopback(
+        [[sys.executable, str(WORKER), str(i), str(port), str(data_path), str(outs[i])]
+         for i in range(2)],
+        devices_per_process=2,
+        timeout=TIMEOUT,
+    )  # fmt: skip
+    for i, code in enumerate(codes):
+        assert code == 0, f"process {i} failed:\n{logs[i][-3000:]}"
     return [dict(np.load(out)) for out in outs]
 
 

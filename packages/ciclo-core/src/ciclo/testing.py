@@ -1,4 +1,6 @@
-"""The adapter conformance suite: the checks every ciclo adapter passes.
+"""Testing tools: the adapter conformance suite (the checks every ciclo adapter passes),
+and a job of several processes on one machine for tests of multi-process code
+(:func:`run_on_loopback`, :func:`join_loopback`; see docs/multihost.md).
 
 Importing this module imports pytest (``import ciclo`` does not). An adapter runs the whole
 suite by subclassing :class:`AdapterConformance` in a test file with two methods (a model
@@ -19,6 +21,10 @@ Example::
             return ciclo_flax.create_state(model, ciclo.testing.sample_inputs(), **kwargs)
 """
 
+from ._processes._loopback import LoopbackRun as LoopbackRun
+from ._processes._loopback import free_port as free_port
+from ._processes._loopback import join_loopback as join_loopback
+from ._processes._loopback import run_on_loopback as run_on_loopback
 from .adapters._conformance import CHECKS as CHECKS
 from .adapters._conformance import CLASSES as CLASSES
 from .adapters._conformance import FEATURES as FEATURES
