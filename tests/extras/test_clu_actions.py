@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-import types
-
 import numpy as np
 import pytest
 
 import ciclo
 
-
-def _import_clu_without_tensorflow() -> None:
-    """clu's ``metric_writers`` imports TensorFlow only for its ``SummaryWriter``; stand in
-    for that one module when TensorFlow is absent (the periodic actions do not need it)."""
-    try:
-        import tensorflow  # noqa: F401
-    except ImportError:
-        stub = types.ModuleType("clu.metric_writers.summary_writer")
-        stub.SummaryWriter = None  # type: ignore[attr-defined]
-        sys.modules.setdefault("clu.metric_writers.summary_writer", stub)
-
-
-_import_clu_without_tensorflow()
 periodic_actions = pytest.importorskip("clu.periodic_actions")
 
 

@@ -171,3 +171,62 @@ def test_tensorboard_writer_event_files_read_back(tmp_path):
     for key, rows in want.items():
         assert [s for s, _ in found[key]] == [s for s, _ in rows]
         assert [v for _, v in found[key]] == pytest.approx([v for _, v in rows])
+
+
+def test_clu_writers_as_they_are_receive_every_row_once(caplog):
+    """clu's own writers, unchanged: its ``AsyncMultiWriter`` (a thread pool) around its
+    ``LoggingWriter`` and a writer written against clu's ``MetricWriter`` interface."""
+    metric_writers = pytest.importorskip("clu.metric_writers")
+
+    class Recorder(metric_writers.MetricWriter):
+        def __init__(self):
+            self.rows: list[tuple[int, dict]] = []
+            self.flushed = self.closed = False
+
+        def write_summaries(self, step, values, metadata=None):
+            pass
+
+        def write_scalars(self, step, scalars):
+            self.rows.append((int(step), dict(scalars)))
+
+        def write_images(self, step, images):
+            pass
+
+        def write_videos(self, step, videos):
+            pass
+
+        def write_audios(self, step, audios, *, sample_rate):
+            pass
+
+        def write_texts(self, step, texts):
+            pass
+
+        def write_histograms(self, step, arrays, num_buckets=None):
+            pass
+
+        def write_hparams(self, hparams):
+            self.hparams = dict(hparams)
+
+        def flush(self):
+            self.flushed = True
+
+        def close(self):
+            self.closed = True
+
+    recorder = Recorder()
+    writer = metric_writers.AsyncMultiWriter([metric_writers.LoggingWriter(), recorder])
+    with caplog.at_level("INFO"):
+        _, history, _ = train(writer, close=True, hparams={"lr": 0.1})
+    want = sorted((step, sorted(s.items())) for step, s in expected_rows(history))
+    got = sorted((step, sorted(s.items())) for step, s in recorder.rows)
+    assert got == want  # every row once: none lost, none repeated
+    assert recorder.hparams == {"lr": 0.1}
+    assert recorder.flushed
+    assert recorder.closed
+    logged = [r.getMessage() for r in caplog.records if "losses/loss=" in r.getMessage()]
+    # clu's LoggingWriter prints "[step] name=value, ...": once per row, in order
+    assert [int(m[1 : m.index("]")]) for m in logged] == [step for step, _ in want]
+
+
+def expected_rows(history):
+    return ciclo.callbacks._writers.scalar_rows(history, 0, len(history))
