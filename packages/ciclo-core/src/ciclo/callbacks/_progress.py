@@ -189,7 +189,11 @@ class _Bar(LoopCallbackBase):
     _in_train_loop = False  # whether on_train_batch_end updates the bar
 
     def __loop_callback__(self, loop_state: LoopState) -> None:
-        if self._means is not None and loop_state is getattr(self, "_by_hand_loop", None):
+        if (
+            self._means is not None
+            and not self.finished
+            and loop_state is getattr(self, "_by_hand_loop", None)
+        ):
             self._means.keep(loop_state)  # by hand: no history keeps the values
         final = self._count_after_step(loop_state) >= self.total
         self.update(loop_state, final=final, training=True)

@@ -50,7 +50,11 @@ def _training_entries(logs: Mapping[str, Mapping[str, Any]]) -> dict[Key, Any]:
     out: dict[Key, Any] = {}
     for collection in _AVERAGED:
         for name, value in logs.get(collection, {}).items():
-            if getattr(value, "shape", ()) == () and not isinstance(value, str | bytes):
+            if (
+                getattr(value, "shape", ()) == ()
+                and not isinstance(value, str | bytes | bool)
+                and getattr(getattr(value, "dtype", None), "kind", "f") in "iuf"
+            ):  # numbers (a flag or a text is shown as it is)
                 out[(collection, name)] = value
     return out
 
