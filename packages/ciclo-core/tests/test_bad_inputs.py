@@ -119,6 +119,7 @@ CASES = [
     ('tqdm_bar_total_str', lambda d: ciclo.tqdm_bar(total="10"), TypeError, r"tqdm_bar\(total\)\ must\ be\ an\ int\ \(steps\)\ or\ a\ c.*ar\(total\)=ciclo\.at\(samples=60_000\)\."),
     ('keras_bar_total_str', lambda d: ciclo.keras_bar(total="10"), TypeError, r"keras_bar\(total\)\ must\ be\ an\ int\ \(steps\)\ or\ a\ .*ar\(total\)=ciclo\.at\(samples=60_000\)\."),
     ('keras_bar_interval_neg', lambda d: ciclo.keras_bar(total=10, interval=-1), ValueError, r"keras_bar:\ interval\ must\ be\ >=\ 0\ seconds,\ got"),
+    ('keras_bar_running_mean_str', lambda d: ciclo.keras_bar(10, running_mean="yes"), TypeError, r"keras_bar:\ running_mean\ must\ be\ True\ or\ False,\ got\ 'yes'\.\ Example:\ ciclo\.keras_bar\(1000,\ running_mean=True\)"),
     ('inner_loop_bad', lambda d: ciclo.inner_loop(3, lambda s: None), TypeError, r"inner_loop\ name\ must\ be\ a\ non\-empty\ string,\ g"),
     ('checkpoint_keep_zero', lambda d: ciclo.checkpoint(d.T, keep=0), ValueError, r"checkpoint\(keep=0\):\ keep\ must\ be\ a\ positive\ i.*oints\ to\ keep\)\ or\ None\ to\ keep\ all\."),
     ('checkpoint_keep_str', lambda d: ciclo.checkpoint(d.T, keep="2"), ValueError, r"checkpoint\(keep='2'\):\ keep\ must\ be\ a\ positive.*oints\ to\ keep\)\ or\ None\ to\ keep\ all\."),

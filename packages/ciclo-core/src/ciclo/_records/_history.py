@@ -438,6 +438,67 @@ class History:
         for row in range(self._num_rows):
             yield self[row]
 
+    def run_start(self, first: int, last: int) -> int:
+        """The first row of the loop now writing, whose steps run from ``first`` to
+        ``last`` (the step now running): the trailing rows whose steps lie in that range
+        and never decrease (the rows of an earlier loop that restarted its count, or ran
+        further, are left out).
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> for steps in (0, 1, 2, 0, 1):  # a second loop restarted at step 0
+            ...     history.commit(ciclo.Elapsed.create(steps=steps), None)
+            >>> history.run_start(0, 1), history.run_start(1, 1), history.run_start(0, 0)
+            (3, 4, 5)
+        """
+        steps = np.frombuffer(self._elapsed["steps"], dtype=np.int64)
+        outside = np.flatnonzero((steps < first) | (steps > last))
+        drops = np.flatnonzero(steps[1:] < steps[:-1]) + 1
+        del steps  # releases the buffer, so the column can grow again
+        begin = int(outside[-1]) + 1 if len(outside) else 0
+        return max(begin, int(drops[-1]) if len(drops) else 0)
+
+    def numeric_since(
+        self, row: int, keys: Sequence[str]
+    ) -> tuple[np.ndarray, np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
+        """The rows from ``row`` on, on the host (pending values are fetched first):
+        their ``steps`` and ``samples``, and for each of ``keys`` (``collection.name``)
+        holding numbers, its ``(rows, values)`` there (copies; keys of other values left
+        out). For readers that go through a run as it grows (a bar's running mean).
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> for steps in range(3):
+            ...     logs = ciclo.logs().add_loss("loss", float(steps))
+            ...     history.commit(ciclo.Elapsed.create(steps=steps, samples=4 * steps), logs)
+            >>> steps, samples, columns = history.numeric_since(1, ["losses.loss"])
+            >>> steps.tolist(), samples.tolist(), columns["losses.loss"][1].tolist()
+            ([1, 2], [4, 8], [1.0, 2.0])
+        """
+        self.fetch()
+        steps = np.frombuffer(self._elapsed["steps"], dtype=np.int64)[row:].copy()
+        samples = np.frombuffer(self._elapsed["samples"], dtype=np.int64)[row:].copy()
+        columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for key in keys:
+            column = self._columns.get(key)
+            if column is None or not isinstance(column.values, array):
+                continue
+            dtype = np.float64 if column.values.typecode == "d" else np.int64
+            values = np.frombuffer(column.values, dtype=dtype)
+            if column.rows is None:
+                start = max(row - column.start, 0)
+                rows = np.arange(column.start + start, column.start + len(values))
+            else:
+                indices = np.frombuffer(column.rows, dtype=np.int64)
+                start = int(np.searchsorted(indices, row, side="left"))
+                rows = indices[start:].copy()
+                del indices
+            columns[key] = (rows, values[start:].astype(np.float64))
+            del values
+        return steps, samples, columns
+
     def last_logs(self) -> Logs:
         """The logs of the last row, without ``elapsed``."""
         if not self._num_rows:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import sys
 import time as _time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import IO, Any, NamedTuple
 
 from .._loop._hooks import LoopCallbackBase
@@ -20,27 +20,37 @@ from .._processes._outputs import OUTPUT_PROCESS, check_output_process, writes_h
 from .._records import _host
 from .._time._elapsed import Elapsed, Period
 from .._time._units import period_unit
+from ._running_mean import RunningMean, check_running_mean
 
 __all__ = ["keras_bar", "tqdm_bar", "display_values"]
 
 _SHOWN = ("losses", "metrics", "stateful_metrics")
 
 
-def display_values(loop_state: LoopState) -> dict[str, Any]:
-    """The scalar losses and metrics a bar shows: the latest value of each entry seen in
-    the loop (this step's included), named by entry (``collection.name`` when two
-    collections share a name), still on device."""
+def _latest_entries(loop_state: LoopState) -> dict[tuple[str, str], Any]:
     latest: dict[tuple[str, str], Any] = {}
     for logs in (loop_state.accumulated_logs, loop_state.logs):
         for collection in _SHOWN:
             for name, value in logs.get(collection, {}).items():
                 if getattr(value, "shape", ()) == () and not isinstance(value, str):
                     latest[(collection, name)] = value
-    names = [name for _, name in latest]
+    return latest
+
+
+def _named(entries: Mapping[tuple[str, str], Any]) -> dict[str, Any]:
+    """Entries by name (``collection.name`` when two collections share a name), sorted."""
+    names = [name for _, name in entries]
     return {
         (name if names.count(name) == 1 else f"{collection}.{name}"): value
-        for (collection, name), value in sorted(latest.items(), key=lambda kv: kv[0][1])
+        for (collection, name), value in sorted(entries.items(), key=lambda kv: kv[0][1])
     }
+
+
+def display_values(loop_state: LoopState) -> dict[str, Any]:
+    """The scalar losses and metrics a bar shows: the latest value of each entry seen in
+    the loop (this step's included), named by entry (``collection.name`` when two
+    collections share a name), still on device."""
+    return _named(_latest_entries(loop_state))
 
 
 class Frame(NamedTuple):
@@ -57,12 +67,16 @@ class _Bar(LoopCallbackBase):
     """What both bars share: the unit, the throttle, and fetching on redraw only.
 
     Hooks: ``on_train_batch_end`` (update), ``on_epoch_end`` (redraw with the evaluation's
-    values), ``on_train_end`` (the final line). Used in ``ciclo.loop`` (``**bar`` or under a
-    schedule), the bar updates on each call and draws its final line once the count
+    values), ``on_train_end`` (the final line), and with ``running_mean=True``
+    ``on_epoch_begin`` (the means start again). Used in ``ciclo.loop`` (``**bar`` or under
+    a schedule), the bar updates on each call and draws its final line once the count
     reaches ``total``.
     """
 
     __loop_observer__ = True  # reads the loop only: runs once per fused group
+    #: Only with ``running_mean=True`` (so that a bar without it changes nothing at an
+    #: epoch's start, e.g. where fused steps are grouped).
+    on_epoch_begin: Callable[[Any, Any, Elapsed, LoopState], None]
 
     def __init__(
         self,
@@ -71,8 +85,14 @@ class _Bar(LoopCallbackBase):
         file: IO[str] | None,
         what: str,
         process: int | None = OUTPUT_PROCESS,
+        running_mean: bool = False,
     ) -> None:
         self.unit, self.total = period_unit(total, f"{what}(total)")
+        self.running_mean = check_running_mean(running_mean, what)
+        self._means = RunningMean() if running_mean else None
+        self._from_step: int | None = None  # where the means start without an epoch
+        if running_mean:
+            self.on_epoch_begin = self._epoch_begins
         self.process = check_output_process(process, what)
         if interval < 0:
             raise ValueError(f"{what}: interval must be >= 0 seconds, got {interval!r}.")
@@ -97,8 +117,16 @@ class _Bar(LoopCallbackBase):
             return float(loop_state.steps_after_step())
         return self._count(loop_state.elapsed_after_step())
 
-    def update(self, loop_state: LoopState, *, force: bool = False, final: bool = False) -> None:
-        """Counts the current step; redraws when ``interval`` has passed (or when forced)."""
+    def update(
+        self,
+        loop_state: LoopState,
+        *,
+        force: bool = False,
+        final: bool = False,
+        training: bool = False,
+    ) -> None:
+        """Counts the current step; redraws when ``interval`` has passed (or when forced).
+        ``training``: called right after a training step (its logs are training entries)."""
         if self.finished:
             return
         now = _time.monotonic()
@@ -119,7 +147,7 @@ class _Bar(LoopCallbackBase):
             return
         self._last_draw = now
         self._next_check = now + self.interval  # the redraw interval is never below it
-        values = _host.to_host(display_values(loop_state))
+        values = self._values(loop_state, training)
         clock, first_count, first = self._origin
         if self.unit == "time":
             eta: float | None = max(self.total - count, 0.0)
@@ -130,6 +158,26 @@ class _Bar(LoopCallbackBase):
         self._draw(Frame(count, values, eta, run, final))
         self.finished = final
 
+    def _values(self, loop_state: LoopState, training: bool) -> dict[str, Any]:
+        """The values to show, on the host: the latest of each entry, or with
+        ``running_mean`` the mean of each training entry over the epoch."""
+        latest = _latest_entries(loop_state)
+        means = self._means
+        if means is None:
+            return _named(_host.to_host(latest))
+        by_hand = loop_state is getattr(self, "_by_hand_loop", None)
+        if training:
+            means.note(loop_state)
+        if self._from_step is None:  # no epoch began before: see _epoch_begins
+            self._from_step = (
+                loop_state.elapsed.steps  # a train_loop resumed within an epoch
+                if self._in_train_loop
+                else loop_state.initial_elapsed.steps  # ciclo.loop: since the loop began
+            )
+        latest, fetched = _host.to_host((latest, means.to_fetch(loop_state, by_hand)))
+        latest.update(means.means(loop_state, fetched, by_hand, self._from_step))
+        return _named(latest)
+
     def _redraw_interval(self) -> float:
         """Seconds between redraws; never below ``interval``."""
         return self.interval
@@ -138,14 +186,31 @@ class _Bar(LoopCallbackBase):
         raise NotImplementedError
 
     # --- hooks -----------------------------------------------------------------------------
+    _in_train_loop = False  # whether on_train_batch_end updates the bar
+
     def __loop_callback__(self, loop_state: LoopState) -> None:
+        if (
+            self._means is not None
+            and not self.finished
+            and loop_state is getattr(self, "_by_hand_loop", None)
+        ):
+            self._means.keep(loop_state)  # by hand: no history keeps the values
         final = self._count_after_step(loop_state) >= self.total
-        self.update(loop_state, final=final)
+        self.update(loop_state, final=final, training=True)
 
     def on_train_batch_end(
         self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
     ) -> None:
-        self.update(loop_state)
+        self._in_train_loop = True
+        self.update(loop_state, training=True)
+
+    def _epoch_begins(
+        self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
+    ) -> None:
+        """``on_epoch_begin`` with ``running_mean=True``: the means start again."""
+        if self._means is not None and not self.finished:
+            self._means.restart(loop_state)
+            self._from_step = loop_state.elapsed.steps
 
     def on_epoch_end(self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState) -> None:
         # Shows the evaluation's values; at the last step the final line follows anyway.
@@ -194,8 +259,9 @@ class KerasBar(_Bar):
         dynamic: bool | None = None,
         file: IO[str] | None = None,
         process: int | None = OUTPUT_PROCESS,
+        running_mean: bool = False,
     ) -> None:
-        super().__init__(total, interval, file, "keras_bar", process)
+        super().__init__(total, interval, file, "keras_bar", process, running_mean)
         self.plain_interval = plain_interval
         self.width = width
         self._dynamic = dynamic
@@ -259,6 +325,7 @@ def keras_bar(
     dynamic: bool | None = None,
     file: IO[str] | None = None,
     process: int | None = OUTPUT_PROCESS,
+    running_mean: bool = False,
 ) -> KerasBar:
     """A Keras-style progress line for a run of ``total`` steps, samples or seconds::
 
@@ -266,8 +333,9 @@ def keras_bar(
         100/100 [==============================] - 5s 50ms/step - accuracy: 0.9 - loss: 0.31
 
     It shows the latest value of every scalar loss and metric (evaluation entries such as
-    ``accuracy_test`` included once they exist), reaches ``total/total`` when the run ends,
-    and fetches values only when it redraws.
+    ``accuracy_test`` included once they exist), or with ``running_mean=True`` Keras'
+    values, reaches ``total/total`` when the run ends, and fetches values only when it
+    redraws.
 
     Args:
         total: an int (steps) or ``ciclo.at(samples=...)`` / ``ciclo.at(time=seconds)``.
@@ -280,6 +348,14 @@ def keras_bar(
         file: where to write (``sys.stdout`` by default).
         process: with several processes, the one that draws the bar (0 by default), or
             ``None`` for every process.
+        running_mean: show what Keras' bar shows: each training loss and metric averaged
+            over the epoch so far (in :func:`ciclo.loop`, over the loop so far), weighted by
+            samples like ciclo's evaluation means; ``stateful_metrics`` and evaluation
+            entries (``accuracy_test``) as they are. Training entries are those in the
+            step's logs when the bar updates after the training step (``on_train_batch_end``
+            in ``train_loop``; in ``ciclo.loop``, put evaluations after the bar). The
+            values between redraws are read from the loop's history when the bar redraws:
+            no step waits for the device.
 
     Returns:
         a callback object: put it in ``callbacks=[...]`` of :func:`ciclo.train_loop`, or
@@ -306,6 +382,7 @@ def keras_bar(
         dynamic=dynamic,
         file=file,
         process=process,
+        running_mean=running_mean,
     )
 
 
@@ -321,9 +398,10 @@ class TqdmBar(_Bar):
         interval: float = 0.1,
         file: IO[str] | None = None,
         process: int | None = OUTPUT_PROCESS,
+        running_mean: bool = False,
         **tqdm_kwargs: Any,
     ) -> None:
-        super().__init__(total, interval, file, "tqdm_bar", process)
+        super().__init__(total, interval, file, "tqdm_bar", process, running_mean)
         self.tqdm_kwargs = tqdm_kwargs
         self.bar: Any = None
 
@@ -357,10 +435,12 @@ def tqdm_bar(
     interval: float = 0.1,
     file: IO[str] | None = None,
     process: int | None = OUTPUT_PROCESS,
+    running_mean: bool = False,
     **tqdm_kwargs: Any,
 ) -> TqdmBar:
     """A `tqdm <https://tqdm.github.io>`_ bar for a run of ``total`` steps, samples or
-    seconds, with the latest losses and metrics as its postfix.
+    seconds, with the latest losses and metrics as its postfix (or, with
+    ``running_mean=True``, Keras' values: see :func:`keras_bar`).
 
     Args:
         total: an int (steps) or ``ciclo.at(samples=...)`` / ``ciclo.at(time=seconds)``.
@@ -368,6 +448,8 @@ def tqdm_bar(
         file: where to write (tqdm's default, stderr, when ``None``).
         process: with several processes, the one that draws the bar (0 by default), or
             ``None`` for every process.
+        running_mean: training losses and metrics averaged over the epoch so far, as in
+            :func:`keras_bar`.
         **tqdm_kwargs: passed to ``tqdm`` (``desc``, ``ncols``, ``leave``...).
 
     Returns:
@@ -379,4 +461,11 @@ def tqdm_bar(
         >>> bar.unit, bar.total
         ('samples', 60000)
     """
-    return TqdmBar(total, interval=interval, file=file, process=process, **tqdm_kwargs)
+    return TqdmBar(
+        total,
+        interval=interval,
+        file=file,
+        process=process,
+        running_mean=running_mean,
+        **tqdm_kwargs,
+    )
