@@ -273,3 +273,35 @@ def test_states_built_alike_share_one_compiled_step():
     size = compiled._cache_size()
     b.train_step((X, Y))  # equal static fields: no new compilation
     assert compiled._cache_size() == size
+
+
+# --- logs the model records (apply's third item) -------------------------------------------
+
+
+def recording(recorded):
+    def apply_fn(params, model_state, x, *, training, key):
+        preds, model_state = linear(params, model_state, x, training=training, key=key)
+        return preds, model_state, recorded(params)
+
+    return apply_fn
+
+
+def test_recorded_losses_are_logged_and_differentiated():
+    def l2(params):
+        return {"losses": {"l2": jnp.sum((params["w"] - 1.0) ** 2)}}
+
+    logs, new = make_state(apply_fn=recording(l2)).train_step((X, Y))
+    plain_logs, plain = make_state().train_step((X, Y))
+    assert float(logs.losses.l2) == 6.0
+    assert "l2" not in plain_logs.losses
+    # d/dw of sum((w - 1)^2) at w = 0 is -2: sgd(0.1) moves every weight up by 0.2 more.
+    np.testing.assert_allclose(new.params["w"] - plain.params["w"], 0.2, rtol=1e-6)
+
+
+@pytest.mark.parametrize("collection", ["losses", "metrics"])
+def test_a_recorded_name_of_a_state_loss_is_an_error(collection):
+    state = make_state(apply_fn=recording(lambda params: {collection: {"loss": 1.0}}))
+    message = f"recorded {collection} 'loss'.*state's losses already has 'loss'.*Rename"
+    for step in (state.train_step, state.test_step):
+        with pytest.raises(ValueError, match=message):
+            step((X, Y))

@@ -71,12 +71,13 @@ def test_the_call_rngs_come_from_the_step_key():
     state = ciclo_flax.create_nnx_state(Dropped(), optax.sgd(0.1), losses=None, key=0)
     x = jnp.ones((4, 16))
     run = partial(state.apply, state.params, state.model_state, x)
-    a, _ = run(training=True, key=jax.random.key(1))
-    b, _ = run(training=True, key=jax.random.key(2))
-    again, _ = run(training=True, key=jax.random.key(1))
+    # apply returns (preds, model_state, sown logs), as for Linen
+    a = run(training=True, key=jax.random.key(1))[0]
+    b = run(training=True, key=jax.random.key(2))[0]
+    again = run(training=True, key=jax.random.key(1))[0]
     assert not np.array_equal(a, b)  # a fresh mask per step
     np.testing.assert_array_equal(a, again)  # reproducible from the key
-    evaluated, _ = run(training=False, key=jax.random.key(1))
+    evaluated = run(training=False, key=jax.random.key(1))[0]
     np.testing.assert_array_equal(evaluated, x)  # no dropout in evaluation
 
 

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import ciclo
 import ciclo_flax
@@ -74,3 +75,18 @@ def test_the_sown_gradient_equals_the_hand_written_one():
         new.params["Dense_0"]["kernel"], expected["Dense_0"]["kernel"], rtol=1e-5, atol=1e-6
     )
     assert float(logs.losses.l2) > 0
+
+
+def test_a_sown_name_that_is_also_a_step_loss_is_an_error():
+    class Clash(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            self.sow("losses", "loss", jnp.mean(x))
+            return nn.Dense(3)(x)
+
+    x, y = data(16)
+    state = ciclo_flax.create_state(
+        Clash(), x[:1], optax.sgd(0.1), losses={"loss": lambda p, t: jnp.mean(p)}
+    )
+    with pytest.raises(ValueError, match=r"recorded losses 'loss'.*state's losses already has"):
+        state.train_step((x, y))

@@ -1,6 +1,7 @@
 """ciclo adapter for Flax: Linen modules (:func:`create_state`) and NNX models
 (:func:`create_nnx_state`) as ciclo states with ``train_step``, ``test_step``,
-``predict_step`` and ``reset_step``.
+``predict_step`` and ``reset_step``; :class:`SownLoss` and :class:`SownMetric`, the
+types of the losses and metrics an NNX model records with ``self.sow``.
 
 Example:
     >>> import ciclo_flax
@@ -15,5 +16,7 @@ from ._linen import FlaxState as FlaxState
 from ._linen import create_state as create_state
 from ._nnx import NNXState as NNXState
 from ._nnx import create_nnx_state as create_nnx_state
+from ._sown import SownLoss as SownLoss
+from ._sown import SownMetric as SownMetric
 
 __version__ = "0.1.0"

@@ -11,7 +11,6 @@ import flax.core
 import flax.linen as nn
 import flax.traverse_util
 import jax
-import jax.numpy as jnp
 import optax
 
 import ciclo
@@ -25,6 +24,8 @@ from ciclo.adapters import (
     stream_keys,
     training_kwargs,
 )
+
+from ._sown import SOWN, sown_logs
 
 __all__ = ["FlaxState", "create_state"]
 
@@ -71,42 +72,18 @@ class FlaxState(AdapterState):
         mutable = [*(model_state if training else ()), *SOWN]
         preds, updates = self.module.apply(variables, inputs, rngs=rngs, mutable=mutable, **kwargs)
         updates = dict(updates)
-        sown = sown_logs({c: updates.pop(c) for c in SOWN if c in updates})
+        sown = sown_logs({c: _flat(updates.pop(c)) for c in SOWN if c in updates})
         if training and model_state:
             return preds, {**model_state, **updates}, sown
         return preds, model_state, sown
 
 
-#: The collections whose values a module records as logs (``self.sow("losses", ...)``).
-SOWN = ("losses", "metrics")
-
-
-def sown_logs(collections: Mapping[str, Any]) -> ciclo.Logs:
-    """The losses and metrics a module recorded (``self.sow`` or ``put_variable`` in the
-    ``losses`` / ``metrics`` collections) as logs: each named by its variable's name (its
-    path when two share a name), a value sown several times summed (losses) or averaged
-    (metrics), each reduced to a scalar by its mean.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> sown_logs({"losses": {"Dense_0": {"l2": (jnp.array(2.0),)}}})
-        {'losses': {'l2': Array(2., dtype=float32)}}
-    """
-    logs = ciclo.logs()
-    for collection, tree in collections.items():
-        flat = flax.traverse_util.flatten_dict(
-            flax.core.unfreeze(tree), is_leaf=lambda _, v: isinstance(v, tuple)
-        )
-        last = [path[-1] for path in flat]
-        for path, value in flat.items():
-            name = path[-1] if last.count(path[-1]) == 1 else "/".join(path)
-            parts = value if isinstance(value, tuple) else (value,)
-            means = [jnp.mean(jnp.asarray(part)) for part in parts]
-            total = sum(means[1:], means[0])
-            logs.add_entry(
-                collection, name, total if collection == "losses" else total / len(parts)
-            )
-    return logs
+def _flat(tree: Any) -> list[tuple[tuple[Any, ...], Any]]:
+    """A sown collection's ``(path, value)`` pairs (``self.sow`` stores a tuple of values)."""
+    flat = flax.traverse_util.flatten_dict(
+        flax.core.unfreeze(tree), is_leaf=lambda _, v: isinstance(v, tuple)
+    )
+    return list(flat.items())
 
 
 def create_state(

@@ -28,6 +28,8 @@ from ciclo.adapters import (
     training_kwargs,
 )
 
+from ._sown import call_recording, drop_sown
+
 __all__ = ["NNXState", "create_nnx_state"]
 
 #: The name the ``nnx.Rngs`` given at call time derives its key under.
@@ -68,7 +70,7 @@ class NNXState(AdapterState):
 
     def apply(
         self, params: Any, model_state: Any, inputs: Any, *, training: bool, key: jax.Array | None
-    ) -> tuple[Any, Any]:
+    ) -> tuple[Any, Any, ciclo.Logs]:
         # copy=True: fresh Variables at this trace level (mutable under jax.grad).
         model = nnx.merge(self.graphdef, params, model_state, copy=True)
         kwargs: dict[str, Any] = training_kwargs(self.training_arg, training)
@@ -84,9 +86,10 @@ class NNXState(AdapterState):
             model.train()
         else:
             model.eval()
-        preds = model(inputs, **kwargs)
+        # What the model sows as SownLoss / SownMetric comes back as logs, never as state.
+        preds, sown = call_recording(model, inputs, kwargs)
         _, _, new_model_state = nnx.split(model, self.wrt, ...)
-        return preds, new_model_state
+        return preds, new_model_state, sown
 
 
 def create_nnx_state(
@@ -110,8 +113,11 @@ def create_nnx_state(
     get a key derived from the state's key and step, so dropout differs per step and is
     reproducible from ``key``. A model whose ``__call__`` takes ``rngs`` (the Flax MNIST
     tutorial's CNN: ``self.dropout(x, rngs=rngs)``) is called with ``rngs=nnx.Rngs(...)``
-    made from that key, in every step (in evaluation dropout ignores it). The model object
-    passed in is not modified.
+    made from that key, in every step (in evaluation dropout ignores it). Losses and
+    metrics the model sows (``self.sow(ciclo_flax.SownLoss, "l2", value)``,
+    :class:`~ciclo_flax.SownMetric`) are logged in every step, and sown losses add to the
+    objective; they are collected anew at each call and never kept in the state. The model
+    object passed in is not modified.
 
     Args:
         model: a ``flax.nnx.Module`` (already initialized, as NNX modules are).
@@ -158,7 +164,7 @@ def create_nnx_state(
         candidates=("rngs",),
         option="rngs_arg",
     )
-    graphdef, params, model_state = nnx.split(model, wrt, ...)
+    graphdef, params, model_state = nnx.split(drop_sown(model), wrt, ...)
     if not jax.tree_util.tree_leaves(params):
         raise ValueError(
             f"{name} has no variables matching wrt={wrt!r}, so there is nothing to train. "

@@ -605,11 +605,26 @@ class AdapterState(ManagedState):
                     value = self._call_loss(self.metrics, name, metric, preds, batch.targets)
                 logs.add_metric(name, self._reduce(self.metrics, name, value, w, "metric"))
         if len(applied) > 2 and applied[2]:  # logs the model recorded (sown losses)
-            logs.merge(applied[2])
+            logs.merge(self._recorded(applied[2], logs))
         changes: dict[str, Any] = {"metric_states": metric_states}
         if training:
             changes["model_state"] = model_state
         return logs, self.replace(**changes)
+
+    def _recorded(self, recorded: Mapping[str, Any], logs: Logs) -> Mapping[str, Any]:
+        """The logs the model recorded, checked: none may take the name of one of the
+        state's own losses or metrics, whose value it would replace."""
+        own = {name: collection for collection, name, _ in logs.entries()}
+        for collection, entries in recorded.items():
+            for name in entries:
+                if name in own:
+                    raise ValueError(
+                        f"{type(self).__name__}: the model recorded {collection} {name!r} "
+                        f"(e.g. with self.sow), but the state's {own[name]} already has "
+                        f"{name!r}, whose value it would replace. Rename the recorded value "
+                        f"or the state's {own[name]} entry."
+                    )
+        return recorded
 
     def _call_loss(
         self, functions: Mapping[str, Any], name: str, fn: Any, preds: Any, targets: Any
