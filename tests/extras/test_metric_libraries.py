@@ -4,9 +4,6 @@ callables' (sample-weighted in the test loop, fused steps and data-parallel incl
 
 from __future__ import annotations
 
-import sys
-import types
-
 import jax
 import numpy as np
 import optax
@@ -15,19 +12,6 @@ from sklearn.datasets import load_digits
 
 import ciclo
 
-
-def _import_clu_without_tensorflow() -> None:
-    """clu's ``metric_writers`` imports TensorFlow only for its ``SummaryWriter``; stand in
-    for that one module when TensorFlow is absent (clu.metrics itself needs no TensorFlow)."""
-    try:
-        import tensorflow  # noqa: F401
-    except ImportError:
-        stub = types.ModuleType("clu.metric_writers.summary_writer")
-        stub.SummaryWriter = None  # type: ignore[attr-defined]
-        sys.modules.setdefault("clu.metric_writers.summary_writer", stub)
-
-
-_import_clu_without_tensorflow()
 clu_metrics = pytest.importorskip("clu.metrics")
 jm = pytest.importorskip("jax_metrics")
 nnx = pytest.importorskip("flax.nnx")

@@ -97,3 +97,19 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
     monkeypatch.setattr(ciclo._time._elapsed, "_time", fake)
     return fake
+
+
+@pytest.fixture
+def count_fetches(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The trees moved from device to host (``_host.to_host`` calls) during the test."""
+    from ciclo._records import _host
+
+    calls: list[Any] = []
+    original = _host.to_host
+
+    def counting(tree: Any) -> Any:
+        calls.append(tree)
+        return original(tree)
+
+    monkeypatch.setattr(_host, "to_host", counting)
+    return calls

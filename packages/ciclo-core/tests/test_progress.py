@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 import ciclo
-from ciclo._records import _host
 from ciclo.callbacks._progress import Frame
 
 
@@ -29,19 +28,6 @@ def eval_step(state, batch):
 
 def batches(n, size=4):
     return [np.zeros((size, 2), np.float32)] * n
-
-
-@pytest.fixture
-def count_fetches(monkeypatch):
-    calls = []
-    original = _host.to_host
-
-    def counting(tree):
-        calls.append(tree)
-        return original(tree)
-
-    monkeypatch.setattr(_host, "to_host", counting)
-    return calls
 
 
 def test_keras_bar_final_line_shows_total_and_metric_values(capsys):

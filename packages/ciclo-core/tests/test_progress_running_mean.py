@@ -12,7 +12,6 @@ import optax
 import pytest
 
 import ciclo
-from ciclo._records import _host
 
 
 @jax.jit
@@ -173,21 +172,13 @@ def test_by_hand_calls_keep_their_values_for_the_mean():
     assert line_values(out.getvalue().splitlines()[-1])["loss"] == pytest.approx(np.mean(values))
 
 
-def test_no_fetch_per_step(monkeypatch):
-    calls = []
-    original = _host.to_host
-
-    def counting(tree):
-        calls.append(tree)
-        return original(tree)
-
-    monkeypatch.setattr(_host, "to_host", counting)
+def test_no_fetch_per_step(count_fetches):
     history = ciclo.history(fetch_interval=1e9)  # the history fetches only when read
     bar = ciclo.keras_bar(
         60, interval=1e9, plain_interval=1e9, file=io.StringIO(), running_mean=True
     )
     ciclo.loop(jnp.float32(0.0), batches(60), {ciclo.every(1): train_step, **bar}, history=history)
-    assert len(calls) <= 4  # the first line and the final one (bar and history), not 60
+    assert len(count_fetches) <= 4  # the first line and the final one (bar and history), not 60
 
 
 @pytest.mark.parametrize("make", [ciclo.keras_bar, ciclo.tqdm_bar])
