@@ -3,7 +3,9 @@
 Each benchmark script builds a few zero-argument callables that do the same work (a
 hand-written JAX baseline first) and hands them to :func:`compare`, which runs them in
 alternation (so drift in machine load hits all of them alike) and returns one row per
-candidate with the median, min and max time and the ratio to the baseline.
+candidate with the median, min and max time and the ratio to the baseline. Scripts that
+time parts of a loop instead (how long a checkpoint blocks it) stamp its steps with
+:class:`StepStamps` and make the rows with :func:`summarize`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -55,9 +57,29 @@ def compare(
             start = time.perf_counter()
             fn()
             times[label].append(time.perf_counter() - start)
-    scale = {"ms": 1e3, "us": 1e6}[unit] / per
     baseline_label = next(iter(candidates))
-    baseline = statistics.median(times[baseline_label])
+    targets = {label: target for label in candidates if label != baseline_label}
+    return summarize(benchmark, times, baseline=baseline_label, targets=targets, unit=unit, per=per)
+
+
+def summarize(
+    benchmark: str,
+    times: dict[str, list[float]],
+    *,
+    baseline: str,
+    targets: dict[str, str] | None = None,
+    unit: str = "ms",
+    per: int = 1,
+) -> list[dict[str, Any]]:
+    """One row per label of ``times`` (seconds): median, min, max, and the ratio of the
+    median to the median of ``baseline`` (one of the labels).
+
+    Args:
+        targets: ``{label: target as text}``, e.g. ``{"async save": "ratio <= 1.0"}``.
+        unit, per: as for :func:`compare`.
+    """
+    scale = {"ms": 1e3, "us": 1e6}[unit] / per
+    reference = statistics.median(times[baseline])
     rows = []
     for label, values in times.items():
         median = statistics.median(values)
@@ -69,13 +91,40 @@ def compare(
                 "min": min(values) * scale,
                 "max": max(values) * scale,
                 "unit": unit + ("/step" if per > 1 else ""),
-                "ratio": median / baseline,
-                "overhead": (median - baseline) * scale,
-                "baseline": baseline_label,
-                "target": target if label != baseline_label else "",
+                "ratio": median / reference,
+                "overhead": (median - reference) * scale,
+                "baseline": baseline,
+                "target": (targets or {}).get(label, ""),
             }
         )
     return rows
+
+
+class StepStamps:
+    """A loop callback that stamps the end of each step, once the state it is given is
+    computed (``{ciclo.every(1): stamps}``, before the callback timed), so that the time
+    a step's end-of-step work (a checkpoint's save) blocks the loop can be told from the
+    step's own compute.
+
+    ``times[k + 1] - times[k]`` spans the end of step ``k`` (what ran at its end) and the
+    work of step ``k + 1``.
+    """
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, state: Any) -> None:
+        import jax
+
+        jax.block_until_ready(state)
+        self.times.append(time.perf_counter())
+
+    def blocked(self, steps: Sequence[int]) -> list[float]:
+        """How much longer than the median of the other intervals the interval after each
+        of ``steps`` took: how long the work at those steps' ends blocked the loop."""
+        intervals = [b - a for a, b in zip(self.times, self.times[1:], strict=False)]
+        normal = statistics.median(d for k, d in enumerate(intervals) if k not in set(steps))
+        return [intervals[k] - normal for k in steps]
 
 
 def emit(rows: list[dict[str, Any]], json_path: str | None) -> None:

@@ -3,9 +3,10 @@
 a real `ciclo.loop`.
 
 The loop is blocked from the end of the step that asked for the checkpoint to the start of
-the next step (measured by a callback stamping each step, minus a step without a save);
-the async save then keeps writing in the background. Also reported: the whole write of the
-async save (until it is on disk).
+the next step (measured by a callback stamping each step, minus a step without a save:
+`_harness.StepStamps`, shared with `checkpoint_in_training.py`); the async save then keeps
+writing in the background. Also reported: the whole write of the async save (until it is
+on disk).
 
 Target: an async save blocks the loop for a small fraction of a synchronous save
 (ratio async / sync <= 0.3).
@@ -14,14 +15,13 @@ Target: an async save blocks the loop for a small fraction of a synchronous save
 from __future__ import annotations
 
 import shutil
-import statistics
 import tempfile
 import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-from _harness import emit, parse_args
+from _harness import StepStamps, emit, parse_args, summarize
 
 import ciclo
 
@@ -37,20 +37,18 @@ def make_state(megabytes: float) -> dict[str, Any]:
 def blocked_by_save(state: dict[str, Any], *, async_save: bool) -> tuple[float, float]:
     """Runs a 3-step loop saving after step 1: ``(seconds the loop was blocked, seconds until
     the checkpoint was on disk)``."""
-    stamps: list[float] = []
+    stamps = StepStamps()
+    ended: list[float] = []
     directory = tempfile.mkdtemp(prefix="ciclo-bench-")
     try:
         ckpt = ciclo.checkpoint(directory, keep=1, async_save=async_save, save_on_end=False)
-        tasks = {
-            ciclo.every(1): lambda: stamps.append(time.perf_counter()),
-            (lambda elapsed: elapsed.steps == 1): ckpt,
-        }
-        ciclo.loop(state, range(3), tasks, on_end=lambda: stamps.append(time.perf_counter()))
+        tasks = {ciclo.every(1): stamps, (lambda elapsed: elapsed.steps == 1): ckpt}
+        ciclo.loop(state, range(3), tasks, on_end=lambda: ended.append(time.perf_counter()))
         # step 0 -> 1: a plain step; step 1 -> 2: the step that saved; on_end runs once
         # the loop waited for the write to finish
-        step = stamps[1] - stamps[0]
-        blocked = stamps[2] - stamps[1] - step
-        return blocked, stamps[3] - stamps[1] - 2 * step
+        (blocked,) = stamps.blocked([1])
+        step = stamps.times[1] - stamps.times[0]
+        return blocked, ended[0] - stamps.times[1] - 2 * step
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -69,30 +67,18 @@ def main() -> None:
         blocked, written = blocked_by_save(state, async_save=True)
         times["async"].append(blocked)
         times["async write"].append(written)
-    sync = statistics.median(times["sync"])
+    labels = {
+        "sync": "synchronous save: loop blocked",
+        "async": "async save: loop blocked",
+        "async write": "async save: until on disk",
+    }
     benchmark = f"checkpoint of a {megabytes:g} MB state"
-    rows = []
-    for label, key, target in (
-        ("synchronous save: loop blocked", "sync", ""),
-        ("async save: loop blocked", "async", "ratio <= 0.3"),
-        ("async save: until on disk", "async write", ""),
-    ):
-        values = times[key]
-        median = statistics.median(values)
-        rows.append(
-            {
-                "benchmark": benchmark,
-                "candidate": label,
-                "median": median * 1e3,
-                "min": min(values) * 1e3,
-                "max": max(values) * 1e3,
-                "unit": "ms",
-                "ratio": median / sync,
-                "overhead": (median - sync) * 1e3,
-                "baseline": "synchronous save: loop blocked",
-                "target": target,
-            }
-        )
+    rows = summarize(
+        benchmark,
+        {labels[key]: values for key, values in times.items()},
+        baseline=labels["sync"],
+        targets={labels["async"]: "ratio <= 0.3"},
+    )
     emit(rows, args.json)
     print(
         f"{benchmark}: an async save blocks the loop {rows[1]['ratio']:.3f}x as long as a sync one"

@@ -263,7 +263,7 @@ def test_a_directory_turning_read_only_ends_the_process_with_the_error(tmp_path:
         else:
             os.chmod(directory, 0o755)
     assert run.returncode != 0
-    assert "ciclo.checkpoint: cannot write checkpoint 4" in run.stderr
+    assert "ciclo.checkpoint: writing checkpoint 4" in run.stderr
     assert "Make the directory writable" in run.stderr
 
 

@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import warnings
 import weakref
 from typing import Any
 
+import jax
+
 from .._loop._hooks import LoopCallbackBase
 from .._loop._state import LoopState
 from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records import _host
 from .._time._schedules import Schedule, every
-from . import _format, _lock
+from . import _format, _lock, _writer
 
 __all__ = ["checkpoint", "Checkpoint"]
 
 _MODES = ("min", "max")
+_FIX = (
+    "Make the directory writable (or free space), or give ciclo.checkpoint another "
+    "directory; the previous checkpoints are intact."
+)
 
 
 def _prepare_directory(path: str) -> None:
@@ -92,6 +99,9 @@ class Checkpoint(LoopCallbackBase):
         self._unlock_at_exit: Any = None
         self._lock()
         self._manager: Any = None
+        self._writer = _writer.Writer()  # the writes of async saves of one process
+        self._one_process = True  # whether a save copies the state to host memory
+        self._in_thread = False  # whether async saves are written by ``_writer``
         self._last_step: int | None = None  # the last step saved (or found saved)
         self._end_step: int | None = None  # saved at a loop's end, unasked: replaceable
         self._loop: LoopState | None = None  # the loop checked for checkpoints of later steps
@@ -175,12 +185,18 @@ class Checkpoint(LoopCallbackBase):
 
     def _open(self) -> Any:
         if self._manager is None:
+            # One process holds its arrays whole: a save copies them to host memory, and
+            # an async one is written by ciclo's thread. With several processes orbax's
+            # save holds barriers across processes, which must run on the loop's thread:
+            # orbax's own async save then copies the local shards and writes in its threads.
+            self._one_process = jax.process_count() == 1
+            self._in_thread = self.async_save and self._one_process
             self._manager = _format.open_writer(
                 self.directory,
                 keep=self.keep,
                 monitor=self.monitor,
                 mode=self.mode,
-                async_save=self.async_save,
+                async_save=self.async_save and not self._in_thread,
             )
         return self._manager
 
@@ -234,14 +250,20 @@ class Checkpoint(LoopCallbackBase):
             else:
                 self._last_step = step
                 return False
-        try:
-            _format.save(manager, loop_state, value=value, monitor=self.monitor, mode=self.mode)
-        except _format.WriteFailed as error:
-            raise RuntimeError(
-                f"ciclo.checkpoint: cannot write checkpoint {step} to {self.directory!r}: "
-                f"{error.__cause__!r}. Make the directory writable (or free space), or give "
-                f"ciclo.checkpoint another directory; the previous checkpoints are intact."
-            ) from error
+        snapshot = _format.snapshot(loop_state, host_copy=self._one_process)
+        write = functools.partial(
+            _format.write, manager, snapshot, value=value, monitor=self.monitor, mode=self.mode
+        )
+        if self._in_thread:
+            self._writer.start(write)
+        else:
+            try:
+                write()
+            except _format.WriteFailed as error:
+                raise RuntimeError(
+                    f"ciclo.checkpoint: cannot write checkpoint {step} to {self.directory!r}: "
+                    f"{error.__cause__!r}. {_FIX}"
+                ) from error
         self._last_step = step
         if not self.async_save or self._ended is loop_state:
             self.wait()  # nothing would wait for a save after the loop's end
@@ -252,13 +274,16 @@ class Checkpoint(LoopCallbackBase):
     def _poll(self, loop_state: LoopState) -> None:
         """At each step's end while a background save runs: raises its error as soon as it
         failed (never blocks)."""
-        manager = self._manager
-        if manager is None:
-            return
-        if manager.is_saving_in_progress():
+        if self._saving():
             loop_state.at_step_end(self._poll)
         else:
             self.wait()
+
+    def _saving(self) -> bool:
+        """Whether a save is being written in the background (never blocks)."""
+        if self._in_thread:
+            return self._writer.running()
+        return self._manager is not None and bool(self._manager.is_saving_in_progress())
 
     def _set_aside_passed_over(self, manager: Any) -> None:
         """Renames the checkpoints that this process's resume passed over (damaged, or of a
@@ -283,8 +308,7 @@ class Checkpoint(LoopCallbackBase):
     # --- waiting and errors -------------------------------------------------------------------
     def _raise_failed_save(self) -> None:
         """Raises the error of a background save that failed; never blocks."""
-        manager = self._manager
-        if manager is not None and not manager.is_saving_in_progress():
+        if not self._saving():
             self.wait()
 
     def wait(self) -> None:
@@ -293,16 +317,16 @@ class Checkpoint(LoopCallbackBase):
         Raises:
             RuntimeError: a background save failed (the checkpoint was not written).
         """
-        if self._manager is None:
-            return
         try:
-            self._manager.wait_until_finished()
+            self._writer.finish()
+            if self._manager is not None:
+                self._manager.wait_until_finished()
         except Exception as error:
             failed, self._last_step = self._last_step, None  # not on disk: may be saved again
+            cause = error.__cause__ if isinstance(error, _format.WriteFailed) else error
             raise RuntimeError(
-                f"ciclo.checkpoint: writing checkpoint {failed} to "
-                f"{self.directory!r} failed in the background: {error!r}. The previous "
-                f"checkpoints are intact."
+                f"ciclo.checkpoint: writing checkpoint {failed} to {self.directory!r} failed "
+                f"in the background: {cause!r}. {_FIX}"
             ) from error
 
     def _wait_quietly(self, error: BaseException) -> None:
@@ -314,17 +338,20 @@ class Checkpoint(LoopCallbackBase):
     def close(self) -> None:
         """Waits for the writes to finish and releases orbax's resources."""
         try:
-            if self._manager is not None:
-                try:
-                    self.wait()
-                finally:
+            try:
+                self.wait()
+            finally:
+                self._writer.close()
+                if self._manager is not None:
                     self._manager.close()
                     self._manager = None
         finally:
             self._unlock()
 
     def all_steps(self) -> list[int]:
-        """The steps of the checkpoints in the directory, oldest first."""
+        """The steps of the checkpoints in the directory, oldest first (after the save
+        being written, if any, has ended)."""
+        self._writer.join()
         return sorted(self._open().all_steps())
 
 

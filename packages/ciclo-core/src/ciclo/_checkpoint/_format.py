@@ -12,7 +12,10 @@ item        orbax handler     what it holds
                               Leaves orbax cannot store (strings, functions, empty arrays) are
                               left out (``None``); they come from the state restored into. A
                               lone array is saved as ``{"value": array}``. Absent when no leaf
-                              can be saved.
+                              can be saved. With one process its JAX arrays are saved from a
+                              host copy (orbax records NumPy arrays, PRNG keys stay keys);
+                              with several, as JAX arrays. Either is restored into the
+                              target's placement.
 ``meta``    ``JsonSave``      plain Python: the fields below. Always present.
 ``arrays``  ``StandardSave``  the NumPy arrays found in ``meta`` (history columns...), which
                               ``meta`` refers to as ``{"__ciclo_array__": name, "shape",
@@ -52,12 +55,14 @@ checkpoint whose step a resumed run saves again is set aside (:func:`set_aside`)
 The orbax metrics of a checkpoint written with ``monitor=`` also hold ``{"value": float,
 "monitor": name, "mode": "min" | "max"}``; they rank checkpoints (:func:`best_step`).
 
-Writing: :func:`open_writer`, :func:`save`, :func:`set_aside`. Reading: :func:`open_reader`,
-:func:`read` (a :class:`Contents`), :func:`read_newest`, :func:`best_step`.
+Writing: :func:`open_writer`, :func:`snapshot` then :func:`write`, :func:`set_aside`.
+Reading: :func:`open_reader`, :func:`read` (a :class:`Contents`), :func:`read_newest`,
+:func:`best_step`.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import re
@@ -81,7 +86,9 @@ __all__ = [
     "checkpoint_path",
     "open_writer",
     "open_reader",
-    "save",
+    "Snapshot",
+    "snapshot",
+    "write",
     "read",
     "best_step",
     "DamagedCheckpoint",
@@ -169,9 +176,12 @@ def open_writer(
 
     Without ``monitor`` it keeps the latest ``keep`` checkpoints; with it, the best ``keep``
     by the monitored value (NaN is worst) plus the latest, to resume from. Either way the
-    newest checkpoint of a finite state is kept too (see :func:`save`). Step directories
-    are created synchronously, in ``save``: a directory that cannot be written is an error
-    there and then, not a background thread waiting for a directory that never comes.
+    newest checkpoint of a finite state is kept too (see :func:`write`). With
+    ``async_save``, orbax writes in threads of its own (the path of several processes);
+    its step directories are still created within ``save``: a directory that cannot be
+    written is an error there and then, not a background thread waiting for a directory
+    that never comes. Without it, ``save`` writes the whole checkpoint before it returns
+    (on ciclo's writer thread, for an async save of one process: see ``_writer.py``).
     """
     import orbax.checkpoint as ocp
     from orbax.checkpoint import checkpoint_managers as policies
@@ -559,8 +569,32 @@ def _extract_copies(value: Any, state_def: Any, copies: dict[str, Any]) -> Any:
 
 
 # --- writing ------------------------------------------------------------------------------------
-def _items(loop_state: LoopState) -> dict[str, Any]:
-    """The items of a checkpoint of ``loop_state`` (see the tables above), unwrapped."""
+def _host_copy(tree: Any) -> Any:
+    """``tree`` with its arrays copied to host memory, all transfers at once: JAX arrays
+    become NumPy arrays (PRNG key arrays stay JAX arrays, copied: they are small, and orbax
+    saves them with their implementation), NumPy arrays are copied. What the loop does with
+    the state afterwards (donating its buffers, updating NumPy arrays in place) cannot
+    change the copy."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    on_device = [leaf for leaf in leaves if isinstance(leaf, jax.Array) and not _is_key(leaf)]
+    fetched = iter(jax.device_get(on_device))
+
+    def copy(leaf: Any) -> Any:
+        if isinstance(leaf, jax.Array):
+            if _is_key(leaf):
+                data = np.array(jax.random.key_data(leaf))
+                return jax.random.wrap_key_data(
+                    jax.device_put(data, leaf.sharding), impl=jax.random.key_impl(leaf)
+                )
+            return next(fetched)
+        return leaf.copy() if isinstance(leaf, np.ndarray) else leaf
+
+    return jax.tree_util.tree_unflatten(treedef, [copy(leaf) for leaf in leaves])
+
+
+def _items(loop_state: LoopState, *, host_copy: bool) -> dict[str, Any]:
+    """The items of a checkpoint of ``loop_state`` (see the tables above), unwrapped; with
+    ``host_copy``, nothing in them refers to the live state (see :func:`snapshot`)."""
     state_tree, described = _state_to_save(loop_state.state)
     state_def = _flatten(loop_state.state)[1]
     copies: dict[str, Any] = {}
@@ -588,7 +622,7 @@ def _items(loop_state: LoopState) -> dict[str, Any]:
             "state": _split(live["dataset"], arrays, "the dataset's state_dict()"),
         },
         "state_leaves": described,
-        "schedules": [schedule.state_dict() for schedule, _ in loop_state.tasks],
+        "schedules": copy.deepcopy([schedule.state_dict() for schedule, _ in loop_state.tasks]),
         "callbacks": [
             {
                 "name": c["name"],
@@ -606,9 +640,9 @@ def _items(loop_state: LoopState) -> dict[str, Any]:
             saved_copies[name] = to_save
     items: dict[str, Any] = {"meta": meta}
     if state_tree is not None:
-        items["state"] = state_tree
+        items["state"] = _host_copy(state_tree) if host_copy else state_tree
     if saved_copies:
-        items["copies"] = saved_copies
+        items["copies"] = _host_copy(saved_copies) if host_copy else saved_copies
     if arrays:
         items["arrays"] = arrays
     return items
@@ -642,25 +676,46 @@ def _device_finite(leaves: list[jax.Array]) -> jax.Array:
     return jnp.all(jnp.stack([jnp.isfinite(leaf).all() for leaf in leaves]))
 
 
-def save(
+class Snapshot(NamedTuple):
+    """A checkpoint taken at the end of a step, ready to be written (:func:`snapshot`)."""
+
+    step: int  #: the checkpoint's step (``elapsed.steps``)
+    items: dict[str, Any]  #: the items of the tables above
+
+
+def snapshot(loop_state: LoopState, *, host_copy: bool) -> Snapshot:
+    """Takes what a checkpoint of ``loop_state`` holds, at the end of a step.
+
+    With ``host_copy``, the arrays are copied to host memory (one transfer of the state,
+    :func:`jax.device_get`), so the snapshot can be written while the loop goes on: later
+    steps change nothing in it. Only for arrays this process holds whole (one process);
+    otherwise the state's arrays are kept as they are, and orbax copies the local shards.
+    """
+    return Snapshot(loop_state.elapsed.steps, _items(loop_state, host_copy=host_copy))
+
+
+def write(
     manager: Any,
-    loop_state: LoopState,
+    snapshot: Snapshot,
     *,
     value: float | None = None,
     monitor: str | None = None,
     mode: str = "min",
 ) -> bool:
-    """Starts writing ``loop_state`` (at the end of a step) as checkpoint
-    ``loop_state.elapsed.steps`` with ``manager`` (from :func:`open_writer`); with
-    ``value``, the monitored value that ranks it. The write may go on in the background
-    (``manager.wait_until_finished()``); :class:`WriteFailed` if it cannot start. Returns
-    whether the state is finite: the orbax metrics say so (``{"finite": bool}``), so that
-    a non-finite state never evicts the newest finite checkpoint and resume and restore
-    pass it over."""
+    """Writes ``snapshot`` as checkpoint ``snapshot.step`` with ``manager`` (from
+    :func:`open_writer`); with ``value``, the monitored value that ranks it. With an async
+    manager the write goes on in the background (``manager.wait_until_finished()``).
+    Returns whether the state is finite: the orbax metrics say so (``{"finite": bool}``),
+    so that a non-finite state never evicts the newest finite checkpoint and resume and
+    restore pass it over.
+
+    Raises:
+        WriteFailed: orbax could not write it (or, async, start writing it).
+    """
     import orbax.checkpoint as ocp
 
-    items = _items(loop_state)
-    finite = all_finite(loop_state.state)
+    items = snapshot.items
+    finite = all_finite(items.get("state"))
     args = {
         name: ocp.args.JsonSave(item) if name == "meta" else ocp.args.StandardSave(item)
         for name, item in items.items()
@@ -669,16 +724,15 @@ def save(
     if value is not None:
         metrics.update(value=value, monitor=monitor, mode=mode)
     try:
-        manager.save(
-            loop_state.elapsed.steps, args=ocp.args.Composite(**args), metrics=metrics, force=True
-        )
+        manager.save(snapshot.step, args=ocp.args.Composite(**args), metrics=metrics, force=True)
     except Exception as error:
         raise WriteFailed(str(error)) from error
     return finite
 
 
 class WriteFailed(RuntimeError):
-    """orbax could not start writing a checkpoint (its directory cannot be written...)."""
+    """orbax could not write a checkpoint (its directory cannot be written, a full
+    disk...); the cause is orbax's error."""
 
 
 # --- reading ------------------------------------------------------------------------------------

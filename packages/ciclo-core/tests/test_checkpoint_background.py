@@ -1,0 +1,114 @@
+"""Async saves of one process: the loop copies the state to host memory at the step and
+ciclo's own writer thread writes it, so the loop goes on while the save is written, and the
+checkpoint holds the state of the step that saved, whatever the loop does afterwards."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ciclo
+
+
+@pytest.fixture
+def held_writes(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Makes each checkpoint's last stage (orbax's atomic rename) wait until ``release`` is
+    set (30 s at most), and records the thread it ran on and whether it waited in vain."""
+    from orbax.checkpoint._src.path import atomicity
+
+    finalize = atomicity.AtomicRenameTemporaryPath.finalize
+    held: dict[str, Any] = {"release": threading.Event(), "threads": [], "timed_out": False}
+
+    async def slow_finalize(self: Any) -> None:
+        held["threads"].append(threading.current_thread().name)
+        if not held["release"].wait(timeout=30):
+            held["timed_out"] = True
+        await finalize(self)
+
+    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", slow_finalize)
+    return held
+
+
+def test_the_loop_steps_on_while_a_save_is_written_and_the_save_holds_its_step(
+    tmp_path: Path, held_writes: dict[str, Any]
+) -> None:
+    step = jax.jit(lambda w: w + 1.0, donate_argnums=0)  # the saved buffers are donated
+    ckpt = ciclo.checkpoint(tmp_path, keep=None)
+
+    def train(state: Any, batch: Any, elapsed: ciclo.Elapsed) -> Any:
+        if elapsed.steps == 5:  # four steps after the save: the write may now end
+            held_writes["release"].set()
+        state["n"] += 1  # a NumPy leaf updated in place
+        return None, {"w": step(state["w"]), "n": state["n"]}
+
+    state = {"w": jnp.zeros(3), "n": np.zeros(2)}
+    tasks = {ciclo.every(1): train, (lambda elapsed: elapsed.steps == 1): ckpt}
+    final, _, _ = ciclo.loop(state, range(8), tasks)
+    assert not held_writes["timed_out"]  # the loop reached step 5 while checkpoint 2 was held
+    assert held_writes["threads"][0].startswith("ciclo-checkpoint")
+    assert ckpt.all_steps() == [2, 8]
+    saved = ciclo.restore(tmp_path, {"w": jnp.zeros(3), "n": np.zeros(2)}, step=2).state
+    np.testing.assert_array_equal(saved["w"], [2.0, 2.0, 2.0])  # not the later values
+    np.testing.assert_array_equal(saved["n"], [2.0, 2.0])  # nor the in-place updates
+    np.testing.assert_array_equal(final["w"], [8.0, 8.0, 8.0])
+
+
+def test_a_synchronous_save_is_written_on_the_loops_thread(
+    tmp_path: Path, held_writes: dict[str, Any]
+) -> None:
+    held_writes["release"].set()
+    ciclo.loop(0, range(2), {ciclo.every(1): ciclo.checkpoint(tmp_path, async_save=False)})
+    assert held_writes["threads"]
+    assert set(held_writes["threads"]) == {threading.current_thread().name}
+
+
+def test_all_steps_waits_for_the_save_being_written(
+    tmp_path: Path, held_writes: dict[str, Any]
+) -> None:
+    ckpt = ciclo.checkpoint(tmp_path, keep=None)
+    found: list[list[int]] = []
+
+    def look(state: Any, batch: Any, elapsed: ciclo.Elapsed) -> None:
+        if elapsed.steps == 2:
+            threading.Timer(0.2, held_writes["release"].set).start()
+            found.append(ckpt.all_steps())  # checkpoint 2 is being written
+
+    ciclo.loop(0, range(3), {ciclo.every(1): look, (lambda e: e.steps == 1): ckpt})
+    assert found == [[2]]
+
+
+def test_a_save_failing_on_the_writer_thread_is_raised_at_the_next_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orbax.checkpoint._src.path import atomicity
+
+    written = threading.Event()
+
+    async def full_disk(self: Any) -> None:
+        written.set()
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", full_disk)
+    seen: list[int] = []
+
+    def step(state: Any, batch: Any, elapsed: ciclo.Elapsed) -> None:
+        seen.append(elapsed.steps)
+        if elapsed.steps == 1:  # checkpoint 1 (saved at the end of step 0) fails meanwhile
+            assert written.wait(timeout=30)
+            time.sleep(0.05)
+
+    tasks = {ciclo.every(1): step, ciclo.every(1000): ciclo.checkpoint(tmp_path)}
+    with pytest.raises(
+        RuntimeError,
+        match=r"writing checkpoint 1 to .* failed in the background: OSError\(28, 'No space.*"
+        r"Make the directory writable",
+    ):
+        ciclo.loop(0, range(50), tasks)
+    assert seen[-1] <= 2  # raised at the end of the step after the save, or the one after
