@@ -1,8 +1,10 @@
 """How long a checkpoint blocks a real training run: a 10 MB state (a linear model's
 weights trained by a jitted SGD step) under `ciclo.train_loop` with
 `tasks={ciclo.every(N): ckpt}`, saved asynchronously (the default) and synchronously,
-against the time to copy the same state to host memory (`jax.device_get`), which an async
-save cannot avoid.
+against the time to copy the same state into new host memory, which an async save cannot
+avoid: `jax.device_get`, and a copy of what it returns (on a CPU backend `jax.device_get`
+shares the device buffer instead of copying it, and a snapshot must not share it: the next
+step may donate or overwrite it).
 
 The loop is blocked for a save by the time the step that saved takes over the median
 step (each step is stamped after its state is ready, so compute is not counted: see
@@ -77,7 +79,7 @@ def copy_to_host(state: dict[str, Any], repeats: int) -> list[float]:
     for _ in range(repeats):
         fresh = jax.block_until_ready(jax.tree.map(lambda x: x + 0, state))
         start = time.perf_counter()
-        jax.device_get(fresh)
+        jax.tree.map(np.array, jax.device_get(fresh))  # np.array copies
         times.append(time.perf_counter() - start)
     return times
 
@@ -94,7 +96,7 @@ def main() -> None:
         times["async"] += run(state, steps, every, async_save=True)
         times["sync"] += run(state, steps, every, async_save=False)
     labels = {
-        "copy": "copy of the state to host",
+        "copy": "copy of the state to new host memory",
         "async": "async save: loop blocked",
         "sync": "synchronous save: loop blocked",
     }
