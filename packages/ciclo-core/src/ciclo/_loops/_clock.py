@@ -71,6 +71,12 @@ class EpochClock:
         """Reads the current step from ``loop_state`` (what :attr:`bind` does in on_start)."""
         self._loop_state = loop_state
 
+    @property
+    def loop_state(self) -> LoopState:
+        """The loop the clock decides for (bound in ``on_start``)."""
+        assert self._loop_state is not None, "the clock is bound in on_start"
+        return self._loop_state
+
     def decide(self, elapsed: Elapsed) -> None:
         """Makes the decision of the step whose count before it is ``elapsed``, once."""
         if elapsed is self._step:

@@ -169,10 +169,8 @@ def train_loop(
     }
 
     runs = dict.fromkeys(sets, 0)  # evaluations run by this loop, per set
-    running: list[LoopState] = []  # the loop, once started
 
     def start_counting(loop_state: LoopState) -> None:
-        running.append(loop_state)
         loop_state.evaluated = not sets
 
     def evaluation(name: str, make_dataset: Callable[[], Iterable[Any]]) -> Any:
@@ -187,8 +185,8 @@ def train_loop(
                 stop_signals=(),  # a Ctrl-C during evaluation stops the training loop
             )
             runs[name] += 1
-            if running and all(runs.values()):
-                running[0].evaluated = True  # monitors of evaluation entries: now strict
+            if all(runs.values()):  # monitors of evaluation entries are now strict
+                clock.loop_state.evaluated = True
             return result
 
         return inner_loop(name, run_test)

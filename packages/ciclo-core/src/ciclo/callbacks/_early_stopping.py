@@ -34,11 +34,15 @@ def _find(logs: Logs, key: str) -> Any:
         return _MISSING
 
 
+def _say(message: str, file: IO[str] | None, verbose: bool) -> None:
+    if verbose:
+        print(message, file=file if file is not None else sys.stdout, flush=True)
+
+
 def _stop(loop_state: LoopState, reason: str, file: IO[str] | None, verbose: bool) -> None:
     loop_state.stop_iteration = True
     loop_state.stop_reason = reason
-    if verbose:
-        print(reason, file=file if file is not None else sys.stdout, flush=True)
+    _say(reason, file, verbose)
 
 
 def _since(now: Elapsed, then: Mapping[str, float]) -> Elapsed:
@@ -227,21 +231,19 @@ class EarlyStopping(LoopCallbackBase):
         if not self.restore_best_weights or self.best_weights is None:
             return None
         if self.best_step is None:  # every check was NaN: nothing is best
-            if self.verbose:
-                print(
-                    f"early_stopping: {self.monitor} was never a number (NaN at every check); "
-                    f"keeping the final state.",
-                    file=self.file if self.file is not None else sys.stdout,
-                    flush=True,
-                )
-            return None
-        if self.verbose:
-            print(
-                f"early_stopping: restoring the state of step {self.best_step} "
-                f"({self.monitor} = {self.best:.6g}).",
-                file=self.file if self.file is not None else sys.stdout,
-                flush=True,
+            _say(
+                f"early_stopping: {self.monitor} was never a number (NaN at every check); "
+                f"keeping the final state.",
+                self.file,
+                self.verbose,
             )
+            return None
+        _say(
+            f"early_stopping: restoring the state of step {self.best_step} "
+            f"({self.monitor} = {self.best:.6g}).",
+            self.file,
+            self.verbose,
+        )
         return None, self.best_weights
 
     # --- saving ------------------------------------------------------------------------------
