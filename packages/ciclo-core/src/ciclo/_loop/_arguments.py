@@ -84,7 +84,7 @@ def checked_batch_size_fn(fn: Callable[[Any], Any]) -> Callable[[Any], int]:
     return batch_size
 
 
-def check_dataset(dataset: Any, who: str = "loop(dataset=...)") -> None:
+def check_dataset(dataset: Any) -> None:
     """Raises a ``ValueError`` for a generator that already ran to its end: reused, it
     would yield nothing, and the loop would end at once with no step and no error.
 
@@ -99,7 +99,7 @@ def check_dataset(dataset: Any, who: str = "loop(dataset=...)") -> None:
     """  # noqa: E501
     if inspect.isgenerator(dataset) and inspect.getgeneratorstate(dataset) == "GEN_CLOSED":
         raise ValueError(
-            f"{who} is a generator that is already exhausted (an earlier loop or a list() "
-            f"consumed it), so it would yield no batch. A generator runs once: call its "
-            f"function again for a new one, or give a list or another re-iterable dataset."
+            "loop(dataset=...) is a generator that is already exhausted (an earlier loop or a "
+            "list() consumed it), so it would yield no batch. A generator runs once: call its "
+            "function again for a new one, or give a list or another re-iterable dataset."
         )
