@@ -18,6 +18,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 SCRIPTS = [
     "loop_overhead.py",
+    "step_profile.py",
     "fused_steps.py",
     "keras_fit.py",
     "history_scale.py",

@@ -102,10 +102,19 @@ def main(scenario: str, process: int, port: int, out_dir: str, options: dict) ->
     each_step: list = [train_step, slow_on_process_1]
     tasks: dict = {ciclo.every(1): each_step}
     kwargs: dict = {"on_end": finish, "stop": options.get("stop")}
+    if "agree_every" in options:
+        kwargs["agree_every"] = options["agree_every"]
     if scenario == "time":
         tasks[ciclo.every(time=0.05)] = [eval_step, record_eval]
     elif scenario == "nan":
         each_step.append(ciclo.terminate_on_nan())
+    elif scenario == "request":  # a stop that only process 1 asks for
+
+        def stop_on_1(state, batch, elapsed, loop_state):
+            if process == 1 and elapsed.steps == 9:
+                loop_state.request_stop("asked on process 1")
+
+        each_step.append(stop_on_1)
     elif scenario == "raise":
 
         def boom(state, batch, elapsed, loop_state):

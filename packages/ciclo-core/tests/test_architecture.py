@@ -19,11 +19,11 @@ ALLOWED = {
     "_data": set(),
     "_time": {"_processes"},
     "_records": {"_processes", "_time"},
-    "_loop": {"_processes", "_time", "_records", "_checkpoint"},
+    "_loop": {"_processes", "_time", "_records"},
     "callbacks": {"_processes", "_time", "_records", "_loop", "_checkpoint"},
     "_checkpoint": {"_processes", "_time", "_records", "_loop", "_loops"},
     "managed": {"_processes", "_records", "_loop"},
-    "_loops": {"_processes", "_time", "_records", "_loop", "callbacks"},
+    "_loops": {"_processes", "_time", "_records", "_loop", "callbacks", "_checkpoint"},
     "adapters": {
         "_processes",
         "_time",

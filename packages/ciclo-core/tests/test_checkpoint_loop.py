@@ -78,7 +78,8 @@ def test_loop_state_exposes_the_tasks_the_dataset_and_where_the_loop_started() -
     dataset = range(5, 9)
 
     def look(state: Any, batch: Any, elapsed: Any, loop_state: ciclo.LoopState) -> None:
-        seen.append((loop_state.tasks, loop_state.dataset, loop_state.initial_elapsed.steps))
+        inputs = loop_state.inputs  # what checkpoints read, apart from the callbacks' view
+        seen.append((inputs.tasks, inputs.dataset, loop_state.initial_elapsed.steps))
 
     start = ciclo.Elapsed.create(steps=10)
     ciclo.loop(None, dataset, {ciclo.at(steps=12).reached_by: look}, elapsed=start)

@@ -40,9 +40,11 @@ def check_ok(codes: list[int], outputs: list[str]) -> None:
         assert code == 0, f"process {i} exited {code}:\n{outputs[i][-3000:]}"
 
 
-def test_a_time_schedule_fires_at_the_same_steps_on_both_processes(tmp_path):
+@pytest.mark.parametrize("agree_every", [None, 3], ids=["default", "every-3-steps"])
+def test_a_time_schedule_fires_at_the_same_steps_on_both_processes(tmp_path, agree_every):
     # process 1 sleeps 4 ms a step, so its clock alone would fire at other steps
-    codes, outputs, _ = run_pair("time", tmp_path)
+    options = {} if agree_every is None else {"agree_every": agree_every}
+    codes, outputs, _ = run_pair("time", tmp_path, **options)
     check_ok(codes, outputs)
     first, second = results(tmp_path)
     assert len(first["eval_steps"]) >= 2
@@ -70,6 +72,17 @@ def test_terminate_on_nan_stops_both_processes_at_the_same_step(tmp_path):
     assert first["steps"] == second["steps"] < 40
     assert "NaN" in first["reason"] or "nan" in first["reason"].lower()
     assert first["reason"] == second["reason"]
+
+
+def test_a_stop_requested_on_one_process_stops_both_at_one_later_step(tmp_path):
+    # agree_every=4: rounds at steps 0, 4, 8, 12, ...; the request of step 9 is published
+    # at round 12 and read by both at round 16, before its batch is drawn.
+    codes, outputs, _ = run_pair("request", tmp_path, agree_every=4)
+    check_ok(codes, outputs)
+    first, second = results(tmp_path)
+    assert first["steps"] == second["steps"] == 16
+    assert first["reason"] == second["reason"] == "asked on process 1 (on process 1)"
+    assert first["w"] == second["w"]
 
 
 def test_a_raise_on_one_process_ends_both_with_an_error(tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import ciclo
-from ciclo._loop._agreed import AgreedLoopState
+from ciclo._loop._agreed import AgreedDecisions
 from ciclo._processes._outputs import writes_here
 from ciclo.managed._strategies import check_feedable
 
@@ -36,7 +36,7 @@ def test_processes_holding_unequal_parts_of_the_batch_axis_are_rejected():
 
 @pytest.mark.parametrize(
     ("option", "match"),
-    [({"agree_every": 0}, "agree_every=0: expected an int >= 1"),
+    [({"agree_every": 0}, "agree_every=0: expected None .* or an int >= 1"),
      ({"agree_every": 1.5}, "agree_every=1.5"),
      ({"fault_timeout": 0}, "fault_timeout=0: expected a number of seconds > 0")],
 )  # fmt: skip
@@ -58,20 +58,34 @@ def test_one_process_writes_every_output():
     assert ciclo.keras_bar(10, process=1).finished  # another process draws it
 
 
+def _agreed_loop_state() -> tuple[ciclo.LoopState, AgreedDecisions]:
+    loop_state = ciclo.LoopState(None, ciclo.history(), ciclo.Elapsed.create())
+    transport = SimpleNamespace(count=2, every=None, process=1)  # the exchanges are not used
+    return loop_state, AgreedDecisions(transport, loop_state, [])
+
+
 def test_a_requested_stop_is_only_a_request_until_agreed():
-    loop_state = AgreedLoopState(None, ciclo.history(), ciclo.Elapsed.create(), process_count=2)
+    loop_state, decisions = _agreed_loop_state()
     loop_state.stop_iteration = True
     loop_state.stop_reason = "early stop"
     assert not loop_state.stop_iteration  # the engine carries on to the agreement
     assert loop_state.stop_reason is None
-    assert (loop_state.requested, loop_state.requested_reason) == (True, "early stop")
-    loop_state.agree_stop("early stop (on process 1)")
+    assert (decisions.requested, decisions.requested_reason) == (True, "early stop")
+    loop_state.apply_stop("early stop (on process 1)")
     assert loop_state.stop_iteration
     assert loop_state.stop_reason == "early stop (on process 1)"
 
 
+def test_a_stop_decided_alike_everywhere_is_not_exchanged():
+    loop_state, decisions = _agreed_loop_state()
+    loop_state.request_stop("patience ran out", same_everywhere=True)
+    assert loop_state.stop_iteration
+    assert loop_state.stop_reason == "patience ran out"
+    assert not decisions.requested
+
+
 def test_a_step_of_a_process_counts_the_samples_of_all():
-    loop_state = AgreedLoopState(None, ciclo.history(), ciclo.Elapsed.create(), process_count=2)
+    loop_state, _ = _agreed_loop_state()
     loop_state.batch = np.zeros((4, 3))
     after = loop_state.elapsed_after_step()
     assert (after.steps, after.samples) == (1, 8)

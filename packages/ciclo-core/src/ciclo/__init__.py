@@ -16,10 +16,10 @@ from ._checkpoint._restore import restore_best as restore_best
 from ._data._stateful import stateful_dataset as stateful_dataset
 from ._loop._callback import Callback as Callback
 from ._loop._callback import inject as inject
-from ._loop._engine import loop as loop
 from ._loop._hooks import LoopCallback as LoopCallback
 from ._loop._hooks import LoopCallbackBase as LoopCallbackBase
 from ._loop._state import LoopState as LoopState
+from ._loops._loop import loop as loop
 from ._loops._named import on_epoch_begin as on_epoch_begin
 from ._loops._named import on_epoch_end as on_epoch_end
 from ._loops._named import on_predict_batch_begin as on_predict_batch_begin

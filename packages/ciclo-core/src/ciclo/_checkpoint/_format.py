@@ -598,11 +598,11 @@ def _items(loop_state: LoopState, *, host_copy: bool) -> dict[str, Any]:
     state_tree, described = _state_to_save(loop_state.state)
     state_def = _flatten(loop_state.state)[1]
     copies: dict[str, Any] = {}
-    owners = stateful_callbacks(loop_state.tasks)
+    owners = stateful_callbacks(loop_state.inputs.tasks)
     callbacks = [{"name": callback_name(owner), "state": owner.state_dict()} for owner in owners]
     if not jax.tree_util.treedef_is_leaf(state_def):
         callbacks = _extract_copies(callbacks, state_def, copies)
-    dataset = loop_state.dataset
+    dataset = loop_state.inputs.dataset
     live: dict[str, Any] = _host.to_host(
         {
             "logs": {c: dict(entries) for c, entries in loop_state.accumulated_logs.items()},
@@ -622,7 +622,9 @@ def _items(loop_state: LoopState, *, host_copy: bool) -> dict[str, Any]:
             "state": _split(live["dataset"], arrays, "the dataset's state_dict()"),
         },
         "state_leaves": described,
-        "schedules": copy.deepcopy([schedule.state_dict() for schedule, _ in loop_state.tasks]),
+        "schedules": copy.deepcopy(
+            [schedule.state_dict() for schedule, _ in loop_state.inputs.tasks]
+        ),
         "callbacks": [
             {
                 "name": c["name"],

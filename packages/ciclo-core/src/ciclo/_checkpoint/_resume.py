@@ -110,18 +110,18 @@ def resume(directory: str | os.PathLike[str], loop_state: LoopState) -> Iterable
     path = _format.checkpoint_path(directory)
     manager = _format.open_reader(path, must_exist=False)
     if manager is None:
-        dataset: Iterable[Any] = loop_state.dataset
+        dataset: Iterable[Any] = loop_state.inputs.dataset
         return dataset
     try:
         contents = _format.read_newest(manager, path, loop_state.state)
     finally:
         manager.close()
     where = f"checkpoint {contents.step} in {path!r}"
-    load_tasks(loop_state.tasks, contents, where)
+    load_tasks(loop_state.inputs.tasks, contents, where)
     loop_state.state = restore_in_place(loop_state.state, contents.state)
     loop_state.elapsed = contents.elapsed
     loop_state.initial_elapsed = contents.initial_elapsed
     loop_state.history.load_state_dict(contents.history)
     loop_state.accumulated_logs = Logs(contents.logs)
     loop_state.resumed = True
-    return skip_consumed(loop_state.dataset, contents.data_position, contents.data_state)
+    return skip_consumed(loop_state.inputs.dataset, contents.data_position, contents.data_state)

@@ -1,25 +1,33 @@
-"""The outermost loop of a job of several processes: one place where its control decisions
-are agreed.
+"""The decisions of an outermost loop of several processes, agreed without blocking a step.
 
 Every decision of a loop is a function of what ``elapsed`` counts and of the stops that
-callbacks and signals request. With several processes, :class:`agreed_elapse` makes both the
-same on every process:
+callbacks and signals request. :class:`AgreedDecisions` makes both the same on every
+process:
 
-- ``elapsed.steps`` is counted alike everywhere; ``elapsed.samples`` counts the samples of
-  *all* processes (each process's batch times the number of processes, checked equal at each
-  agreement); ``elapsed.time`` and ``elapsed.date`` are process 0's clock as of the latest
-  agreement. So every schedule (steps, samples or time), the epoch and evaluation clock of
-  ``train_loop`` and ``stop=`` decide the same at the same step.
-- A stop requested on any process (``loop_state.stop_iteration = True`` by a callback, early
-  stopping, ``terminate_on_nan``, Ctrl-C) is a request (:class:`AgreedLoopState`): every
-  process stops at the next agreement, at the same step, with the same ``stop_reason``.
-- A preemption notice (SIGTERM to any process) stops every process at the step JAX's
-  preemption sync point picks; the loop then exits with status 143 everywhere.
+- **Never exchanged**, because every process computes them alike: ``elapsed.steps``;
+  ``elapsed.samples``, which counts the samples of *all* processes (each process's batch
+  times the number of processes, checked equal at each round); so every step and sample
+  schedule, ``stop=`` in steps or samples, and decisions on the identical history (early
+  stopping: ``request_stop(..., same_everywhere=True)``) take effect at once.
+- **Exchanged without waiting**: what differs per process, that is its clock, a stop a
+  callback requests on it (``loop_state.request_stop``, ``terminate_on_nan``), Ctrl-C, and
+  its count of samples. At each *round* (a step agreed in advance), every process publishes
+  its record and reads everyone's record of the *previous* round, which was published a
+  round ago and is already there: no step waits for another process unless one is more
+  than a round behind. What the previous round says takes effect at this round, the same
+  step everywhere: ``elapsed.time`` and ``elapsed.date`` become process 0's clock as of the
+  previous round, and a stop requested anywhere stops every process before this round's
+  batch is drawn.
+- **JAX's preemption sync point** for SIGTERM when the preemption service runs: every
+  process stops at the step it names.
 
-An agreement is one small exchange through JAX's coordination service before each batch is
-drawn, every ``agree_every`` steps (1 by default: every decision is taken at exactly the step a
-single process takes it). With ``agree_every=N``, time-based schedules and requested stops
-take effect up to ``N - 1`` steps late, the same step on every process.
+Rounds come every ``agree_every`` steps, or, by default (``agree_every=None``), as many
+steps apart as process 0 runs in about :data:`ROUND_SECONDS` (it measures its steps and
+says so in its record; at most :data:`MAX_ROUND_STEPS`). So a time-based decision or a
+requested stop takes effect between one and two rounds after the moment it was due: at most
+``2 * agree_every - 1`` steps late, or about ``2 * ROUND_SECONDS`` by default. The loop's
+first round and its end are exchanged with waiting (once each): they start the processes
+together and check that they ended at the same step.
 """
 
 from __future__ import annotations
@@ -27,174 +35,197 @@ from __future__ import annotations
 import dataclasses
 import signal
 import time as _time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
-from .._processes._agreement import Agreement, preemption_reached
-from .._time._elapsed import Elapsed, Period, elapse
+from .._processes._agreement import Agreement, preemption_reached, preemption_service_on
+from .._time._elapsed import Elapsed, elapse
 from ._state import LoopState
 
-__all__ = ["AgreedLoopState", "agreed_elapse"]
+__all__ = ["AgreedDecisions", "ROUND_SECONDS", "MAX_ROUND_STEPS"]
+
+#: The seconds between two rounds of agreement that the default cadence aims at.
+ROUND_SECONDS = 0.1
+#: The most steps between two rounds with the default cadence.
+MAX_ROUND_STEPS = 10_000
+
+_SAMPLES_DIFFER = (
+    "the processes drew different numbers of samples by step {step} ({counts}): with several "
+    "processes, each one feeds an equal part of every global batch, and batch_size_fn counts "
+    "the process's own part"
+)
+_LENGTHS_DIFFER = (
+    "the datasets of the processes have different lengths: the dataset of {done} ended "
+    "after {first} batches, while {more} still had batches. Give every process the same "
+    "number of batches (or stop the loop with stop=)."
+)
 
 
-class AgreedLoopState(LoopState):
-    """A :class:`LoopState` whose stop is agreed between processes: setting
-    ``stop_iteration`` (or ``stop_reason``) records this process's request, and reading
-    them gives what the processes agreed (``False`` / ``None`` until they do)."""
+class AgreedDecisions:
+    """The agreement of one outermost loop of several processes, consulted by the loop
+    (see the module docstring): it pauses the loop's :class:`~ciclo.elapse` before the
+    batches of its rounds, and arbitrates ``loop_state.request_stop``.
 
-    __slots__ = ("_agreed_reason", "_agreed_stop", "process_count", "requested", "requested_reason")
-
-    def __init__(self, *args: Any, process_count: int, **kwargs: Any) -> None:
-        self._agreed_stop = False
-        self._agreed_reason: str | None = None
-        self.requested = False
-        self.requested_reason: str | None = None
-        self.process_count = process_count
-        super().__init__(*args, **kwargs)
-
-    @property  # type: ignore[override]
-    def stop_iteration(self) -> bool:
-        return self._agreed_stop
-
-    @stop_iteration.setter
-    def stop_iteration(self, value: bool) -> None:
-        if value:
-            self.requested = True
-
-    @property  # type: ignore[override]
-    def stop_reason(self) -> str | None:
-        return self._agreed_reason
-
-    @stop_reason.setter
-    def stop_reason(self, value: str | None) -> None:
-        if self._agreed_stop:
-            self._agreed_reason = value
-        else:
-            self.requested_reason = value
-
-    def agree_stop(self, reason: str | None) -> None:
-        """Every process stops here, for ``reason``."""
-        self._agreed_stop = True
-        self._agreed_reason = reason
-
-    def elapsed_after_step(self) -> Elapsed:
-        if self.batch is None:
-            return self.elapsed
-        return dataclasses.replace(
-            self.elapsed,
-            steps=self.elapsed.steps + 1,
-            samples=self.elapsed.samples + self.batch_size_fn(self.batch) * self.process_count,
-        )
-
-
-class agreed_elapse(elapse):
-    """:class:`~ciclo._time._elapsed.elapse` for the outermost loop of a job of several
-    processes: counts are global, the clock is process 0's, and the processes agree before
-    drawing a batch (see the module docstring)."""
+    Args:
+        agreement: the exchanges of this loop (``ciclo._processes._agreement``).
+        loop_state: the loop's state; its stops are routed here.
+        received: the signals that stopped the loop (the list ``stop_gracefully_on``
+            yields), shared by every process once a signal stopped one.
+    """
 
     def __init__(
-        self,
-        dataset: Iterable[Any],
-        *,
-        stop: int | Period | None,
-        initial: Elapsed,
-        batch_size_fn: Callable[[Any], int] | None,
-        agreement: Agreement,
-        loop_state: AgreedLoopState,
+        self, agreement: Agreement, loop_state: LoopState, received: list[signal.Signals]
     ) -> None:
-        super().__init__(dataset, stop=stop, initial=initial, batch_size_fn=batch_size_fn)
-        self._agreement = agreement
-        self._loop_state = loop_state
-        self._start = self.elapsed.steps
-        self._local_samples = 0
-        self._clock = (self.elapsed.time, self.elapsed.date)  # this process's own clock
-        #: The signals that stopped the loop (the list ``stop_gracefully_on`` yields): an
-        #: agreed stop by a signal on any process is recorded here on every process.
-        self.received: list[signal.Signals] = []
+        self.agreement = agreement
+        self.loop_state = loop_state
+        self.received = received
+        self.count = agreement.count
+        self.requested = False
+        self.requested_reason: str | None = None
+        self.preemption = preemption_service_on()
+        self.round = 0
+        self.next_round = 0
+        self.round_every = agreement.every or 1
+        self.local_samples = 0
+        self.clock = (0.0, 0.0)  # this process's own (time, date) when the loop started
+        self.last_round = (0, 0.0)  # (step, wall time) of process 0's previous round
+        loop_state.arbitrate_stops(self)
 
-    def _count(self, elapsed: Elapsed, batch: Any) -> Elapsed:
-        size = self._batch_size_fn(batch)
-        self._local_samples += size
+    # --- set-up ------------------------------------------------------------------------------
+    def batch_size_fn(self, local: Callable[[Any], int]) -> Callable[[Any], int]:
+        """The loop's ``batch_size_fn`` for its global count: each process's samples times
+        the number of processes (the local count is kept to check that they agree)."""
+
+        def global_size(batch: Any) -> int:
+            size = local(batch)
+            self.local_samples += size
+            return size * int(self.count)
+
+        return global_size
+
+    def attach(self, steps: elapse) -> None:
+        """Pauses ``steps`` (built with ``clock=False``) before the batch of each round."""
+        self.clock = (steps.elapsed.time, steps.elapsed.date)
+        self.next_round = steps.elapsed.steps
+        steps.pause_before(self.next_round, self._before_batch)
+
+    # --- what the loop state asks (StopArbiter) ----------------------------------------------
+    def request(self, reason: str | None) -> None:
+        self.requested = True
+        if reason is not None:
+            self.requested_reason = reason
+
+    def request_reason(self, reason: str | None) -> None:
+        self.requested_reason = reason
+
+    def elapsed_after(self, elapsed: Elapsed, batch_size: int) -> Elapsed:
         return dataclasses.replace(
-            elapsed,
-            steps=elapsed.steps + 1,
-            samples=elapsed.samples + size * self._agreement.count,
+            elapsed, steps=elapsed.steps + 1, samples=elapsed.samples + batch_size * self.count
         )
 
-    def __next__(self) -> tuple[Elapsed, Any]:
-        if self._has_pending:
-            self.elapsed = self._count(self.elapsed, self._pending)
-            self._has_pending, self._pending = False, None
-        step = self.elapsed.steps
-        if (step - self._start) % self._agreement.every == 0:
-            self._agree(step, ended=None)
-        if preemption_reached(step):
+    # --- the rounds ----------------------------------------------------------------------------
+    def _before_batch(self, steps: elapse) -> None:
+        step = steps.elapsed.steps
+        if step >= self.next_round:
+            self._round(steps, step)
+        if self.preemption and preemption_reached(step):
             self._stop_everywhere(
                 f"stopped by a preemption notice (SIGTERM) at step {step}", "SIGTERM"
             )
-        if self._stop is not None and self._stop.reached_by(self.elapsed):
-            raise StopIteration
-        try:
-            self._pending = batch = next(self._iterator)
-        except StopIteration:
-            every = self._agreement.every
-            self._agree(self._start + ((step - self._start) // every + 1) * every, ended=step)
-            raise
-        self._has_pending = True
-        return self.elapsed, batch
+        steps.pause_before(step + 1 if self.preemption else self.next_round, self._before_batch)
 
-    def finish(self) -> Elapsed:
-        if self._has_pending:
-            self.elapsed = self._count(self.elapsed, self._pending)
-            self._pending, self._has_pending = None, False
-        return self.elapsed
-
-    def _agree(self, step: int, *, ended: int | None) -> None:
-        """Exchanges this process's view at ``step`` and acts on what all processes sent."""
-        loop_state = self._loop_state
-        own_time, own_date = self._clock
+    def _record(self, step: int, ended: int | None) -> dict[str, Any]:
+        own_time, own_date = self.clock
         now = _time.time()
-        record = {
+        record: dict[str, Any] = {
             "time": own_time + (now - own_date),
             "date": now,
-            "samples": self._local_samples,
-            "stop": loop_state.requested,
-            "reason": loop_state.requested_reason,
+            "samples": self.local_samples,
+            "stop": self.requested,
+            "reason": self.requested_reason,
             "signal": self.received[0].name if self.received else None,
             "ended": ended,
         }
-        records = self._agreement.exchange(step, record)
-        samples = [r["samples"] for r in records]
-        if len(set(samples)) > 1:
+        if self.agreement.process == 0:
+            record["every"] = self._proposed_every(step, now)
+        return record
+
+    def _proposed_every(self, step: int, now: float) -> int:
+        if self.agreement.every is not None:
+            return self.agreement.every
+        last_step, last_time = self.last_round
+        self.last_round = (step, now)
+        if step <= last_step:
+            return 1
+        seconds_per_step = max((now - last_time) / (step - last_step), 1e-9)
+        return max(1, min(MAX_ROUND_STEPS, round(ROUND_SECONDS / seconds_per_step)))
+
+    def _round(self, steps: elapse, step: int) -> None:
+        number = self.round
+        self.round += 1
+        self.agreement.post(number, self._record(step, ended=None))
+        # The first round waits for everyone (the processes start together); later ones
+        # read the round before, published a round ago.
+        previous = number if number == 0 else number - 1
+        records = self.agreement.read(previous, what=f"step {step}")
+        self.round_every = int(records[0]["every"])
+        self.next_round = step + self.round_every
+        self._apply(steps, records, step)
+
+    def _apply(self, steps: elapse, records: list[dict[str, Any]], step: int) -> None:
+        samples = [record["samples"] for record in records]
+        if number_of_values(samples) > 1 and all(r["ended"] is None for r in records):
             counts = ", ".join(f"process {p}: {n}" for p, n in enumerate(samples))
-            raise ValueError(
-                f"the processes drew different numbers of samples by step {step} ({counts}): "
-                "with several processes, each one feeds an equal part of every global batch, "
-                "and batch_size_fn counts the process's own part"
-            )
-        ends = [r["ended"] for r in records]
-        if any(e is not None for e in ends) and len(set(ends)) > 1:
-            done = ", ".join(f"process {p}" for p, e in enumerate(ends) if e is not None)
-            more = ", ".join(f"process {p}" for p, e in enumerate(ends) if e is None)
-            raise RuntimeError(
-                f"the datasets of the processes have different lengths: the dataset of "
-                f"{done} ended after {min(e for e in ends if e is not None)} batches, while "
-                f"{more} still had batches. Give every process the same number of batches "
-                f"(or stop the loop with stop=)."
-            )
-        self.elapsed = dataclasses.replace(
-            self.elapsed, time=records[0]["time"], date=records[0]["date"]
-        )
-        requests = [process for process, other in enumerate(records) if other["stop"]]
+            raise ValueError(_SAMPLES_DIFFER.format(step=step, counts=counts))
+        ends = [record["ended"] for record in records]
+        if any(end is not None for end in ends):
+            self._raise_lengths_differ(ends)
+        steps.set_clock(records[0]["time"], records[0]["date"])
+        requests = [process for process, record in enumerate(records) if record["stop"]]
         if requests:
             reason = records[requests[0]]["reason"]
             if reason is not None and len(requests) < len(records):
                 reason = f"{reason} (on process {requests[0]})"
-            signals = [r["signal"] for r in records if r["signal"]]
+            signals = [record["signal"] for record in records if record["signal"]]
             self._stop_everywhere(reason, signals[0] if signals else None)
 
     def _stop_everywhere(self, reason: str | None, signal_name: str | None) -> None:
-        self._loop_state.agree_stop(reason)
+        self.loop_state.apply_stop(reason)
         if signal_name is not None:
             self.received[:] = [signal.Signals[signal_name]]
         raise StopIteration
+
+    # --- the end -------------------------------------------------------------------------------
+    def finish(self, step: int) -> None:
+        """The loop ended at ``step`` (its data, ``stop=`` or an agreed stop): checks with
+        every process that they all ended there, and agrees on a stop requested since the
+        last round (its reason and signal are kept; the loop is over anyway)."""
+        # A process whose data ends early also posts its end under the next round, which
+        # the others read instead of waiting for it.
+        record = self._record(step, ended=step)
+        self.agreement.post(self.round, record)
+        records = self.agreement.exchange("end", record)
+        self._raise_lengths_differ([r["ended"] for r in records])
+        requests = [process for process, r in enumerate(records) if r["stop"]]
+        if requests and not self.loop_state.stop_iteration:
+            signals = [r["signal"] for r in records if r["signal"]]
+            if signals:
+                self.received[:] = [signal.Signals[signals[0]]]
+            self.loop_state.apply_stop(records[requests[0]]["reason"])
+
+    def _raise_lengths_differ(self, ends: list[int | None]) -> None:
+        if number_of_values(ends) <= 1:
+            return
+        ended = [e for e in ends if e is not None]
+        done = ", ".join(f"process {p}" for p, e in enumerate(ends) if e == min(ended))
+        more = ", ".join(f"process {p}" for p, e in enumerate(ends) if e != min(ended))
+        raise RuntimeError(_LENGTHS_DIFFER.format(done=done, first=min(ended), more=more))
+
+
+def number_of_values(values: list[Any]) -> int:
+    """How many different values ``values`` holds.
+
+    >>> number_of_values([3, 3, None])
+    2
+    """
+    return len(set(values))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._records._logs import Logs
 from ._hooks import NO_CHANGE, LoopCallback, is_fusable, is_observer, parse_return
+from ._naming import callback_name
 
 if TYPE_CHECKING:
     from ._state import LoopState
@@ -35,17 +36,6 @@ _NOT_THE_STATE = {
     "batch": "the batch is the second argument",
     "loop_state": "the LoopState is the fourth argument",
 }
-
-
-def callback_name(fn: Any) -> str:
-    """A readable name of a callback for error messages.
-
-    Example:
-        >>> callback_name(print)
-        'print'
-    """
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
-    return name if isinstance(name, str) else type(fn).__name__
 
 
 def positional_arity(fn: Callable[..., Any]) -> int:
@@ -182,9 +172,11 @@ class Callback:
         observer: it only reads the loop (see :func:`~ciclo._loop._hooks.is_observer`).
         fusable: it may run several steps in one call (see
             :func:`~ciclo._loop._hooks.is_fusable`).
+        fresh_logs: the logs it returns are new objects at each call (a compiled function
+            or a managed step), which a loop may keep without copying.
     """
 
-    __slots__ = ("arity", "fn", "fusable", "method", "name", "observer")
+    __slots__ = ("arity", "fn", "fresh_logs", "fusable", "method", "name", "observer")
 
     def __init__(self, fn: Any) -> None:
         self.method: Callable[..., Any]
@@ -192,6 +184,7 @@ class Callback:
         self.name = callback_name(fn)
         self.observer = is_observer(fn)
         self.fusable = is_fusable(fn)
+        self.fresh_logs = self.fusable or _is_compiled(fn)
         if is_periodic_action(fn):
             self.method = _periodic_action_call(fn)
             self.arity = -1
@@ -231,6 +224,11 @@ class Callback:
         """Validates a return value; returns ``(logs or None, state or NO_CHANGE)`` (the
         rules are :func:`~ciclo._loop._hooks.parse_return`)."""
         return parse_return(out, f"callback {self.name}")
+
+
+def _is_compiled(fn: Any) -> bool:
+    """Whether ``fn`` is a ``jax.jit``-compiled function (whose outputs are always new)."""
+    return callable(getattr(fn, "lower", None)) and callable(getattr(fn, "trace", None))
 
 
 def as_callback(fn: Any) -> Callback:

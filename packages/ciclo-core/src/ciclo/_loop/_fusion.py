@@ -1,30 +1,26 @@
 """Step fusion: consecutive steps of a fusable callback run as one call.
 
 A callback that implements ``__loop_steps_per_call__`` and ``__loop_callback_many__`` (see
-:mod:`ciclo._loop._hooks`) runs up to K consecutive batches in one call. A loop whose tasks
-hold such a callback is driven by :func:`run_fused_steps`; every other loop never reaches
-this module. The grouping rules are documented in :func:`ciclo.loop`.
+:mod:`ciclo._loop._hooks`) runs up to K consecutive batches in one call. The engine's one
+per-step path (:mod:`ciclo._loop._engine`) collects such steps in a :class:`Group` and runs
+it here; the grouping rules are documented in :func:`ciclo.loop`.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
-from collections.abc import Iterator
 from typing import Any, cast
 
 import jax
 
 from .._records._logs import Logs
-from .._time._elapsed import Elapsed, elapse
-from .._time._schedules import Schedule
+from .._time._elapsed import Elapsed
 from ._callback import NO_CHANGE, Callback
-from ._hooks import steps_per_call
 from ._in_flight import InFlight
 from ._state import LoopState
 from ._step import commit, run_callbacks
 
-__all__ = ["run_fused_steps"]
+__all__ = ["Group"]
 
 
 def _batch_signature(batch: Any) -> tuple[Any, ...]:
@@ -32,7 +28,7 @@ def _batch_signature(batch: Any) -> tuple[Any, ...]:
     return (treedef, *((getattr(x, "shape", None), getattr(x, "dtype", type(x))) for x in leaves))
 
 
-class _Group:
+class Group:
     """Consecutive steps whose fused callback runs in one call (see :func:`ciclo.loop`)."""
 
     __slots__ = (
@@ -68,13 +64,19 @@ class _Group:
             if callback.observer and not any(callback is o for o in self.observers):
                 self.observers.append(callback)
 
+    def is_complete(self, loop_state: LoopState) -> bool:
+        """Whether the group must run now: a callback after the fused one fired, it holds
+        K steps, or the loop stops."""
+        return bool(self.after) or len(self.batches) >= self.size or loop_state.stop_iteration
+
     def run(self, loop_state: LoopState, in_flight: InFlight) -> None:
+        """Runs the group's steps (one fused call) and commits them."""
         loop_state.elapsed, loop_state.batch = self.elapsed[-1], self.batches[-1]
         if len(self.batches) == 1:  # a plain step
             loop_state.logs = self.before_logs
             run_callbacks([self.fused, *self.after, *self.observers], loop_state)
             commit(loop_state)
-            in_flight.push(loop_state)
+            in_flight.push_tree(loop_state.logs, loop_state.state)
             return
         loop_state.elapsed = self.elapsed[0]
         try:
@@ -92,7 +94,7 @@ class _Group:
             self._commit_rows(loop_state, logs)
         else:
             self._commit_stacked(loop_state, logs)
-        in_flight.push(loop_state)
+        in_flight.push_tree(loop_state.logs, loop_state.state)
 
     def _commit_rows(self, loop_state: LoopState, logs: Logs) -> None:
         """Callbacks ran before the group or run after it: the stacked logs are split in
@@ -113,7 +115,7 @@ class _Group:
         if logs:
             loop_state.history.commit_many(self.elapsed, logs)
             loop_state.logs = _last_row(logs)
-            loop_state.accumulated_logs.merge(loop_state.logs)
+            loop_state.add_committed(loop_state.logs)
         _run_observers(self.observers, loop_state)
 
 
@@ -144,80 +146,3 @@ def _unstack(logs: Logs, count: int) -> list[Logs]:
     if not jax.tree_util.tree_leaves(logs):
         return [Logs() for _ in range(count)]
     return cast(list[Logs], _unstack_rows(logs, count))
-
-
-def _fired(
-    task_list: list[tuple[Schedule, list[Callback]]], elapsed: Elapsed
-) -> Iterator[Callback]:
-    """The callbacks whose schedule fires, in order; each schedule is asked only when the
-    iteration reaches it, so callbacks that ran before it have already run."""
-    for schedule, callbacks in task_list:
-        if schedule(elapsed):
-            yield from callbacks
-
-
-def _start_step(
-    loop_state: LoopState,
-    elapsed: Elapsed,
-    batch: Any,
-    fired: Iterator[Callback],
-    in_flight: InFlight,
-) -> _Group | None:
-    """Runs a step's callbacks in order, up to a fused callback (K > 1): then asks the
-    remaining schedules and returns the group that step starts. Without one, the step is
-    complete (committed) and the result is ``None``."""
-    loop_state.elapsed, loop_state.batch, loop_state.logs = elapsed, batch, Logs()
-    for callback in fired:
-        if callback.fusable:
-            size = steps_per_call(callback.fn, loop_state)
-            if size > 1:
-                group = _Group(callback, size, loop_state.logs, batch)
-                group.add(elapsed, batch, list(fired))
-                return group
-        run_callbacks([callback], loop_state)
-    commit(loop_state)
-    in_flight.push(loop_state)
-    return None
-
-
-def run_fused_steps(
-    loop_state: LoopState,
-    steps: elapse,
-    task_list: list[tuple[Schedule, list[Callback]]],
-    in_flight: InFlight,
-) -> None:
-    """Runs every batch as :func:`ciclo.loop` does, grouping the consecutive steps of a
-    fused callback (K > 1) in one call.
-
-    What callbacks queued with ``loop_state.at_step_end`` runs once a step (or a group) is
-    complete and no batch is drawn but not yet run, so it sees a consistent run."""
-    group: _Group | None = None
-    for elapsed, batch in steps:
-        # Schedules may look at the step being decided (train_loop's clock does).
-        loop_state.elapsed, loop_state.batch = elapsed, batch
-        fired = _fired(task_list, elapsed)  # asked lazily, in order
-        if group is not None:
-            first = next(fired, None)
-            if first is group.fused and group.accepts_batch(batch):
-                group.add(elapsed, batch, list(fired))
-            else:
-                group.run(loop_state, in_flight)
-                loop_state.elapsed, loop_state.batch = elapsed, batch
-                head = [] if first is None else [first]
-                group = _start_step(
-                    loop_state, elapsed, batch, itertools.chain(head, fired), in_flight
-                )
-        else:
-            group = _start_step(loop_state, elapsed, batch, fired, in_flight)
-        if group is not None and (
-            group.after or len(group.batches) >= group.size or loop_state.stop_iteration
-        ):
-            group.run(loop_state, in_flight)
-            group = None
-        if group is None:
-            loop_state.end_step()
-        if loop_state.stop_iteration:
-            break
-    if group is not None:
-        group.run(loop_state, in_flight)
-        loop_state.end_step()

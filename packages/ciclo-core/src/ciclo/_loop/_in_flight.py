@@ -8,7 +8,6 @@ from typing import Any
 import jax
 
 from .._records._logs import Logs
-from ._state import LoopState
 
 __all__ = ["InFlight", "first_array"]
 
@@ -16,50 +15,47 @@ __all__ = ["InFlight", "first_array"]
 class InFlight:
     """Bounds how many steps JAX may have queued ahead of Python.
 
+    Every ``limit`` steps, the step's result is marked and the loop waits for the mark made
+    ``limit`` steps before: so at most ``2 * limit`` steps are queued, and a step pays a
+    counter (the wait, when there is one, is shared by ``limit`` steps). ``limit <= 0``:
+    unbounded.
+
     Example:
         >>> import jax.numpy as jnp
         >>> in_flight = InFlight(limit=2)
         >>> for i in range(5):
         ...     in_flight.push_tree(jnp.ones(()) * i)
-        >>> len(in_flight.queue)
-        2
+        >>> len(in_flight.marks)  # marks made at steps 2 and 4; the first was waited for
+        1
     """
 
-    __slots__ = ("limit", "queue")
+    __slots__ = ("countdown", "limit", "marks")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.queue: deque[jax.Array] = deque()
-
-    def push(self, loop_state: LoopState) -> None:
-        if self.limit <= 0:
-            return
-        marker = first_array(loop_state.logs)
-        if marker is None:
-            marker = first_array(loop_state.state)
-            if marker is None:
-                return
-        queue = self.queue
-        queue.append(marker)
-        if len(queue) > self.limit:
-            oldest = queue.popleft()
-            if not oldest.is_deleted():  # donated buffers are gone, and so finished
-                oldest.block_until_ready()
+        self.countdown = limit if limit > 0 else -1  # steps until the next mark
+        self.marks: deque[jax.Array] = deque()
 
     def push_tree(self, *trees: Any) -> None:
-        """Marks the first array of the first tree that has one as this step's result."""
-        if self.limit <= 0:
-            return
-        marker = None
+        """Counts a step whose results are ``trees`` (the first array found is its mark)."""
+        self.countdown -= 1
+        if self.countdown == 0:
+            self.mark(*trees)
+
+    def mark(self, *trees: Any) -> None:
+        """Marks this step by the first array of ``trees`` and waits for the previous mark;
+        the loop calls it when :attr:`countdown` reaches 0."""
+        self.countdown = self.limit
         for tree in trees:
             marker = first_array(tree)
             if marker is not None:
                 break
         else:
             return
-        self.queue.append(marker)
-        if len(self.queue) > self.limit:
-            oldest = self.queue.popleft()
+        marks = self.marks
+        marks.append(marker)
+        if len(marks) > 1:
+            oldest = marks.popleft()
             if not oldest.is_deleted():  # donated buffers are gone, and so finished
                 oldest.block_until_ready()
 

@@ -25,15 +25,18 @@ _handling = False  # whether a loop of the main thread already handles stop sign
 
 @contextlib.contextmanager
 def stop_gracefully_on(
-    loop_state: Any, signals: Sequence[signal.Signals]
+    loop_state: Any,
+    signals: Sequence[signal.Signals],
+    received: list[signal.Signals] | None = None,
 ) -> Iterator[list[signal.Signals]]:
-    """While active, ``signals`` set ``loop_state.stop_iteration`` instead of killing the
+    """While active, ``signals`` call ``loop_state.request_stop`` instead of killing the
     run; the same signal a second time restores the previous handler's behaviour.
 
-    Yields the list of signals received (empty unless a signal stopped the loop).
+    Yields ``received`` (a new list by default), where the signals received are appended
+    (empty unless a signal stopped the loop).
     """
     global _handling
-    received: list[signal.Signals] = []
+    received = [] if received is None else received
     if not signals or _handling or threading.current_thread() is not threading.main_thread():
         yield received
         return
@@ -48,8 +51,7 @@ def stop_gracefully_on(
             signal.raise_signal(sig)
             return
         received.append(sig)
-        loop_state.stop_iteration = True
-        loop_state.stop_reason = f"stopped by {sig.name}"
+        loop_state.request_stop(f"stopped by {sig.name}")
 
     for s in signals:
         signal.signal(s, handle)

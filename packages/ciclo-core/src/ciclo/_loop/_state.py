@@ -2,18 +2,41 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, default_batch_size
-from ._callback import callback_name
+from ._naming import callback_name
 
-if TYPE_CHECKING:
-    from ._callback import Callback
+__all__ = ["LoopState", "LoopInputs", "StopArbiter"]
 
-__all__ = ["LoopState"]
+
+@dataclasses.dataclass
+class LoopInputs:
+    """What a loop was given that only saving and resuming read: its tasks, normalised to
+    ``[(Schedule, [Callback])]``, and its dataset, as given.
+
+    Example:
+        >>> LoopInputs(tasks=[], dataset=[1, 2, 3]).dataset
+        [1, 2, 3]
+    """
+
+    tasks: Sequence[tuple[Any, Sequence[Any]]] = ()
+    dataset: Any = None
+
+
+class StopArbiter(Protocol):
+    """Decides when a stop that one process requests takes effect (several processes: at
+    one agreed step everywhere). ``None`` on a loop of one process: a stop is immediate."""
+
+    def request(self, reason: str | None) -> None: ...
+
+    def request_reason(self, reason: str | None) -> None: ...
+
+    def elapsed_after(self, elapsed: Elapsed, batch_size: int) -> Elapsed: ...
 
 
 class LoopState:
@@ -28,39 +51,39 @@ class LoopState:
         logs: the logs produced at this step so far.
         accumulated_logs: the latest value of every entry seen in this loop.
         metadata: free-form data of the loop (e.g. which loop this is).
-        stop_iteration: set to ``True`` to end the loop after this step.
-        stop_reason: why the loop stopped (set with ``stop_iteration``, e.g. ``"stopped by
-            SIGTERM"``), or ``None``.
-        batch_size_fn: ``batch -> int``, how the loop counts the samples of a batch.
-        tasks: the running loop's tasks, normalised to ``[(Schedule, [Callback])]`` (read
-            only; checkpoints reach the schedules and stateful callbacks through it).
-        dataset: the dataset the loop iterates, as given to it.
+        stop_iteration: whether the loop ends after this step; setting it to ``True`` is
+            :meth:`request_stop` without a reason.
+        stop_reason: why the loop stopped (e.g. ``"stopped by SIGTERM"``), or ``None``.
+        batch_size_fn: ``batch -> int``, how the loop counts the samples of a batch (this
+            process's part of it).
         initial_elapsed: the count the loop started from (for a resumed loop: the count the
             interrupted loop had started from), so ``elapsed.steps -
-            initial_elapsed.steps`` batches were drawn from ``dataset``.
+            initial_elapsed.steps`` batches were drawn from the dataset.
         resumed: ``True`` when the loop continued a run from a checkpoint.
         evaluated: ``True`` once every evaluation set of ``train_loop`` has been evaluated
             in this loop (always ``True`` in other loops): from then on, a monitor missing
             from the logs at an epoch's end was never logged, not just not evaluated yet.
+        inputs: the loop's tasks and dataset (:class:`LoopInputs`), for checkpoints.
     """
 
     __slots__ = (
+        "_accumulated",
+        "_arbiter",
+        "_reason",
         "_step_end",
-        "accumulated_logs",
+        "_stop",
+        "_unmerged",
         "batch",
         "batch_size_fn",
-        "dataset",
         "elapsed",
         "evaluated",
         "history",
         "initial_elapsed",
+        "inputs",
         "logs",
         "metadata",
         "resumed",
         "state",
-        "stop_iteration",
-        "stop_reason",
-        "tasks",
     )
 
     def __init__(
@@ -71,32 +94,123 @@ class LoopState:
         metadata: Any = None,
         batch_size_fn: Callable[[Any], int] | None = None,
         *,
-        tasks: Sequence[tuple[Any, list[Callback]]] = (),
-        dataset: Any = None,
+        inputs: LoopInputs | None = None,
     ) -> None:
         self.state = state
         self.batch: Any = None
         self.history = history
         self.elapsed = elapsed
         self.logs = Logs()
-        self.accumulated_logs = Logs()
         self.metadata = metadata
-        self.stop_iteration = False
-        self.stop_reason: str | None = None
         self.batch_size_fn: Callable[[Any], int] = batch_size_fn or default_batch_size
-        self.tasks = list(tasks)
-        self.dataset = dataset
+        self.inputs = inputs if inputs is not None else LoopInputs()
         self.initial_elapsed = elapsed
         self.resumed = False
         self.evaluated = True
+        self._stop = False
+        self._reason: str | None = None
+        self._arbiter: StopArbiter | None = None
+        self._accumulated = Logs()
+        self._unmerged: list[Logs] = []  # committed step logs not yet in _accumulated
         self._step_end: list[Callable[[LoopState], None]] = []
 
+    # --- stopping --------------------------------------------------------------------------
+    def request_stop(self, reason: str | None = None, *, same_everywhere: bool = False) -> None:
+        """Asks the loop to end after the current step, for ``reason`` (kept as
+        :attr:`stop_reason`). The one way to stop a loop, with one process or several: with
+        several, every process stops at one step agreed between them, a bounded number of
+        steps later (see ``agree_every`` of :func:`ciclo.loop`).
+
+        Args:
+            reason: why, for messages and :attr:`stop_reason`.
+            same_everywhere: every process makes this same request at this same step,
+                because the decision derives from what is identical on every process (the
+                counts, the history: early stopping does this): the stop needs no agreement
+                and takes effect after this step everywhere.
+
+        Example:
+            >>> import ciclo
+            >>> def stop_at_3(state, batch, elapsed, loop_state):
+            ...     if elapsed.steps == 3:
+            ...         loop_state.request_stop("enough")
+            >>> _, _, elapsed = ciclo.loop(0, range(10), {ciclo.every(1): stop_at_3})
+            >>> elapsed.steps
+            4
+        """
+        if self._arbiter is None or same_everywhere:
+            self.apply_stop(self._reason if reason is None else reason)
+        else:
+            self._arbiter.request(reason)
+
+    def apply_stop(self, reason: str | None) -> None:
+        """Ends the loop after this step, for ``reason``: a stop decided (or agreed between
+        the processes), as opposed to one requested."""
+        self._stop = True
+        self._reason = reason
+
+    @property
+    def stop_iteration(self) -> bool:
+        return self._stop
+
+    @stop_iteration.setter
+    def stop_iteration(self, value: bool) -> None:
+        if value:
+            self.request_stop()
+        else:
+            self._stop, self._reason = False, None
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self._reason
+
+    @stop_reason.setter
+    def stop_reason(self, value: str | None) -> None:
+        if self._arbiter is not None and not self._stop:
+            self._arbiter.request_reason(value)
+        else:
+            self._reason = value
+
+    # --- logs -------------------------------------------------------------------------------
+    @property
+    def accumulated_logs(self) -> Logs:
+        if self._unmerged:
+            self.merge_committed()
+        return self._accumulated
+
+    @accumulated_logs.setter
+    def accumulated_logs(self, logs: Logs) -> None:
+        self._accumulated, self._unmerged = logs, []
+
+    def add_committed(self, logs: Logs) -> None:
+        """Records the logs of a committed step for :attr:`accumulated_logs` (merged when
+        read: a step pays a list append)."""
+        unmerged = self._unmerged
+        unmerged.append(logs)
+        if len(unmerged) >= 1024:
+            self.merge_committed()
+
+    def merge_committed(self) -> None:
+        """Merges the logs recorded by :meth:`add_committed` into :attr:`accumulated_logs`."""
+        accumulated, unmerged, self._unmerged = self._accumulated, self._unmerged, []
+        for logs in unmerged:
+            for collection, entries in logs.items():
+                mine = accumulated.get(collection)
+                if mine is None:
+                    dict.__setitem__(accumulated, collection, dict(entries))
+                else:
+                    mine.update(entries)
+
+    # --- the end of a step ------------------------------------------------------------------
     def at_step_end(self, fn: Callable[[LoopState], None]) -> None:
         """Runs ``fn(loop_state)`` once, when the current step is over: after every callback
         of the step ran and its logs were committed to history, with ``elapsed`` counting
         the step. A consistent end-of-step view, e.g. for a checkpoint."""
         if fn not in self._step_end:
             self._step_end.append(fn)
+
+    def has_step_end(self) -> bool:
+        """Whether :meth:`at_step_end` queued anything for this step."""
+        return bool(self._step_end)
 
     def run_step_end(self) -> None:
         """Runs (and clears) what :meth:`at_step_end` queued; called by the loop."""
@@ -130,8 +244,15 @@ class LoopState:
         """
         if self.batch is None:
             return self.elapsed
+        if self._arbiter is not None:
+            return self._arbiter.elapsed_after(self.elapsed, self.batch_size_fn(self.batch))
         return self.elapsed.update(self.batch_size_fn(self.batch))
 
     def steps_after_step(self) -> int:
         """``elapsed_after_step().steps``, without building an :class:`Elapsed`."""
         return self.elapsed.steps if self.batch is None else self.elapsed.steps + 1
+
+    def arbitrate_stops(self, arbiter: StopArbiter | None) -> None:
+        """Routes :meth:`request_stop` through ``arbiter`` (the agreement of several
+        processes), or back to an immediate stop with ``None``."""
+        self._arbiter = arbiter

@@ -1,13 +1,14 @@
 """One step of a loop: run the callbacks whose schedules fire, in order, then commit.
 
-These are the engine's per-step primitives, shared by the plain path
-(:mod:`ciclo._loop._engine`) and fused groups (:mod:`ciclo._loop._fusion`).
+The engine's per-step primitives, for a plain step and for a group of fused steps alike
+(:mod:`ciclo._loop._engine`, :mod:`ciclo._loop._fusion`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .._records._logs import Logs
 from ._callback import NO_CHANGE, Callback
 from ._state import LoopState
 
@@ -15,7 +16,10 @@ __all__ = ["run_callbacks", "commit"]
 
 
 def run_callbacks(callbacks: Iterable[Callback], loop_state: LoopState) -> None:
-    """Runs callbacks in order, threading the state and merging their logs."""
+    """Runs callbacks in order, threading the state and collecting their logs in
+    ``loop_state.logs``: the first logs of a step are adopted as they are when the callback
+    returns new ones each call (a compiled step), copied otherwise; later ones are merged.
+    """
     for callback in callbacks:
         try:
             logs, state = callback(loop_state)
@@ -27,7 +31,11 @@ def run_callbacks(callbacks: Iterable[Callback], loop_state: LoopState) -> None:
         if state is not NO_CHANGE:
             loop_state.state = state
         if logs:
-            loop_state.logs.merge(logs)
+            current = loop_state.logs
+            if current:
+                current.merge(logs)
+            else:
+                loop_state.logs = logs if callback.fresh_logs else Logs(logs)
 
 
 def commit(loop_state: LoopState) -> None:
@@ -35,4 +43,4 @@ def commit(loop_state: LoopState) -> None:
     logs = loop_state.logs
     if logs:
         loop_state.history.commit(loop_state.elapsed, logs)
-        loop_state.accumulated_logs.merge(logs)
+        loop_state.add_committed(logs)

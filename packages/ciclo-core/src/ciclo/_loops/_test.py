@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .._loop._engine import loop
 from .._loop._in_flight import InFlight
 from .._loop._state import LoopState
 from .._records._aggregate import AggregationSpec, Aggregator
@@ -14,6 +13,7 @@ from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period
 from .._time._schedules import always
+from ._loop import loop
 from ._named import moments
 from ._registry import Hook, Registry, check_no_hooks, loop_tasks
 

@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._loop._callback import as_callback
-from .._loop._engine import loop
 from .._loop._state import LoopState
 from .._records._history import History
 from .._records._logs import Logs
@@ -17,6 +16,7 @@ from .._time._units import period_unit
 from ..callbacks._inner_loop import inner_loop
 from ._clock import EpochClock
 from ._evaluation import EvaluationSet, dataset_label, evaluation_sets
+from ._loop import loop
 from ._named import NAMED_SCHEDULES, moments
 from ._registry import Hook, Registry, check_no_hooks, loop_tasks
 from ._test import evaluate_dataset

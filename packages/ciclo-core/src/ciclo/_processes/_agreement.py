@@ -3,11 +3,13 @@
 With several processes (``jax.distributed``), every process runs the same loop, and every
 control decision (a schedule firing, an evaluation, a checkpoint, a stop for any reason)
 must be taken at the same step everywhere: a process that acts alone pairs mismatched
-collectives, and the job hangs. The outermost loop of each process therefore exchanges a
-small record at agreed steps (every step by default) through JAX's coordination service
-(the distributed client's key-value store), and every process derives the same decisions
-from the same records. A preemption notice (SIGTERM) goes through JAX's own preemption sync
-point (:func:`jax.experimental.multihost_utils.reached_preemption_sync_point`).
+collectives, and the job hangs. The outermost loop of each process therefore publishes a
+small record at agreed steps (rounds) through JAX's coordination service (the distributed
+client's key-value store), and reads the others' one round later, when they are already
+there: every process derives the same decisions from the same records, and no step waits
+for another process in the common case (``ciclo._loop._agreed`` says what is decided). A
+preemption notice (SIGTERM) goes through JAX's own preemption sync point
+(:func:`jax.experimental.multihost_utils.reached_preemption_sync_point`).
 
 A fault never hangs the job: an exception on one process is published, and the others end
 with an error naming it, at their next exchange or, when a collective blocks them, through a
@@ -142,11 +144,12 @@ class Agreement:
 
     Args:
         name: the loop's name, the same on every process (the n-th outermost loop).
-        every: the number of steps between two exchanges.
+        every: the number of steps between two rounds of exchanges, or ``None`` to let
+            process 0 choose it from the speed of the steps (see ``ciclo._loop._agreed``).
         timeout: seconds to wait for another process before calling it failed.
     """
 
-    def __init__(self, name: str, *, every: int, timeout: float) -> None:
+    def __init__(self, name: str, *, every: int | None, timeout: float) -> None:
         self.client = coordination_client()
         self.process = jax.process_index()
         self.count = jax.process_count()
@@ -154,6 +157,7 @@ class Agreement:
         self.timeout = timeout
         self._prefix = f"ciclo/{name}/"
         self._block: int | None = None
+        self._mine: dict[int | str | None, dict[str, Any]] = {}  # this process's records
         self._next_key: str | None = None
         self._noticed = threading.Event()  # the main thread saw another process's fault
         self._closed = threading.Event()
@@ -161,19 +165,38 @@ class Agreement:
         self._watchdog.start()
 
     # --- the exchange ---------------------------------------------------------------------
-    def exchange(self, step: int, record: dict[str, Any]) -> list[dict[str, Any]]:
-        """Publishes ``record`` for ``step`` and returns every process's record for it."""
-        block = step // EXCHANGES_PER_BLOCK
-        key = f"{self._prefix}{block}/{step}/"
-        self.client.key_value_set(key + str(self.process), json.dumps(record))
-        following = step + self.every
-        self._next_key = (
-            f"{self._prefix}{following // EXCHANGES_PER_BLOCK}/{following}/{self.process}"
-        )
+    # Exchanges are numbered (rounds, or "end"); each process writes its record under the
+    # number, and reads the others' when it needs them. Writing never waits; reading waits
+    # only for a process that has not written yet.
+    def _key(self, number: int | str) -> str:
+        block = number // EXCHANGES_PER_BLOCK if isinstance(number, int) else number
+        return f"{self._prefix}{block}/{number}/"
+
+    def post(self, number: int | str, record: dict[str, Any]) -> None:
+        """Publishes this process's ``record`` for exchange ``number`` (without waiting)."""
+        self.client.key_value_set(self._key(number) + str(self.process), json.dumps(record))
+        self._mine[number] = record
+        self._mine.pop(number - 2 if isinstance(number, int) else None, None)
+        if isinstance(number, int):
+            following = number + 1
+            self._next_key = self._key(following) + str(self.process)
+            block = number // EXCHANGES_PER_BLOCK
+            if block != self._block:
+                # Every process has read the records of two blocks ago (it is writing this
+                # one's, and reads at most one exchange back): process 0 drops them.
+                if self.process == 0 and self._block is not None and block >= 2:
+                    with contextlib.suppress(Exception):
+                        self.client.key_value_delete(f"{self._prefix}{block - 2}/")
+                self._block = block
+
+    def read(self, number: int | str, *, what: str) -> list[dict[str, Any]]:
+        """Every process's record for exchange ``number``, in process order (this process
+        must have posted its own); ``what`` names the moment in errors ("step 120")."""
+        key = self._key(number)
         records: list[dict[str, Any]] = []
         for process in range(self.count):
             if process == self.process:
-                records.append(record)
+                records.append(self._mine[number])
                 continue
             try:
                 raw = self.client.blocking_key_value_get(
@@ -183,7 +206,7 @@ class Agreement:
                 self._noticed.set()
                 _skip_jax_shutdown_at_exit()
                 raise ProcessFailedError(
-                    f"process {process} did not reach step {step} of the loop within "
+                    f"process {process} did not reach {what} of the loop within "
                     f"{self.timeout:g} s (this is process {self.process}): it failed, hangs, "
                     f"or runs a different loop. Its own log says why; raise "
                     f"fault_timeout= if its steps are that slow."
@@ -193,14 +216,13 @@ class Agreement:
                 self._noticed.set()
                 raise ProcessFailedError(f"process {process} failed: {other['fault']}")
             records.append(other)
-        if block != self._block:
-            # Every process has read the records of two blocks ago (it wrote this one's):
-            # process 0 drops them, one call per block of exchanges.
-            if self.process == 0 and self._block is not None and self._block > 0:
-                with contextlib.suppress(Exception):
-                    self.client.key_value_delete(f"{self._prefix}{self._block - 1}/")
-            self._block = block
         return records
+
+    def exchange(self, number: int | str, record: dict[str, Any]) -> list[dict[str, Any]]:
+        """Publishes ``record`` for exchange ``number`` and returns every process's record
+        for it (waits for all)."""
+        self.post(number, record)
+        return self.read(number, what=f"exchange {number}")
 
     def fail(self, error: BaseException) -> None:
         """Publishes this process's error, so the others end too instead of waiting."""
@@ -295,19 +317,19 @@ def _skip_jax_shutdown_at_exit() -> None:
     atexit.register(exit_now)
 
 
-def start_agreement(*, every: int, timeout: float) -> Agreement | None:
+def start_agreement(*, every: int | None, timeout: float) -> Agreement | None:
     """The agreement of an outermost loop starting now, or ``None`` with one process, without
     ``jax.distributed``, or inside another loop (whose decisions are already agreed).
 
-    >>> start_agreement(every=1, timeout=60.0) is None  # one process
+    >>> start_agreement(every=None, timeout=60.0) is None  # one process
     True
     """
     global _loops_started, _active
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
         raise ValueError(
-            f"agree_every={every!r}: expected an int >= 1, the number of steps between two "
-            "agreements of the processes (1, the default, decides at exactly the step a "
-            "single process would)"
+            f"agree_every={every!r}: expected None (the default: the processes agree about "
+            "every 0.1 s, however long a step takes) or an int >= 1, the number of steps "
+            "between two rounds of agreement"
         )
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
         raise ValueError(

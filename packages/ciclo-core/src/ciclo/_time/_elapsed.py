@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 import operator
 import time as _time
@@ -221,6 +222,9 @@ class elapse(Iterator[tuple[Elapsed, Any]]):
         stop: an int (steps) or a :func:`at` period.
         initial: the :class:`Elapsed` to continue from (e.g. the one a loop returned).
         batch_size_fn: ``batch -> int``; by default the leading dimension of the first array.
+        clock: whether ``time`` and ``date`` follow this process's clock at each batch
+            (``False``: they change only through :meth:`set_clock`, as when several
+            processes share process 0's clock).
 
     Example:
         >>> import ciclo, numpy as np
@@ -236,6 +240,8 @@ class elapse(Iterator[tuple[Elapsed, Any]]):
         stop: int | Period | None = None,
         initial: Elapsed | None = None,
         batch_size_fn: Callable[[Any], int] | None = None,
+        *,
+        clock: bool = True,
     ) -> None:
         try:
             self._iterator = iter(dataset)
@@ -247,9 +253,11 @@ class elapse(Iterator[tuple[Elapsed, Any]]):
             ) from None
         self._stop = as_period(stop, "stop")
         self._batch_size_fn = batch_size_fn or default_batch_size
+        self._clock = clock
         self.elapsed = self._restart_clock(initial) if initial else Elapsed.create()
-        self._pending: Any = None
-        self._has_pending = False
+        self._pending: Any = _NOTHING
+        self._pause_at: float = math.inf
+        self._pause: Callable[[elapse], None] | None = None
 
     @staticmethod
     def _restart_clock(initial: Elapsed) -> Elapsed:
@@ -261,26 +269,62 @@ class elapse(Iterator[tuple[Elapsed, Any]]):
 
     def __next__(self) -> tuple[Elapsed, Any]:
         elapsed = self.elapsed
-        if self._has_pending:  # count the previous batch: Elapsed.update, inlined
-            size = self._batch_size_fn(self._pending)
-            now = _time.time()
+        pending = self._pending
+        if pending is not _NOTHING:  # count the previous batch: Elapsed.update, inlined
             new = _new(Elapsed)
             _set(new, "steps", elapsed.steps + 1)
-            _set(new, "samples", elapsed.samples + size)
-            _set(new, "time", elapsed.time + (now - elapsed.date))
-            _set(new, "date", now)
+            _set(new, "samples", elapsed.samples + self._batch_size_fn(pending))
+            if self._clock:
+                now = _time.time()
+                _set(new, "time", elapsed.time + (now - elapsed.date))
+                _set(new, "date", now)
+            else:
+                _set(new, "time", elapsed.time)
+                _set(new, "date", elapsed.date)
             elapsed = self.elapsed = new
-            self._has_pending = False
-            self._pending = None
+            self._pending = _NOTHING
+        if elapsed.steps >= self._pause_at:
+            assert self._pause is not None
+            self._pause(self)  # may end the iteration (StopIteration) before the draw
+            elapsed = self.elapsed
         if self._stop is not None and self._stop.reached_by(elapsed):
             raise StopIteration
         self._pending = batch = next(self._iterator)
-        self._has_pending = True
         return elapsed, batch
+
+    def pause_before(self, step: float, fn: Callable[[elapse], None]) -> None:
+        """Calls ``fn(self)`` once the count reaches ``step``, before that step's batch is
+        drawn (replacing an earlier pause). ``fn`` may :meth:`set_clock`, pause again, or
+        raise ``StopIteration`` to end the iteration without drawing the batch.
+
+        Example:
+            >>> import ciclo
+            >>> steps = ciclo.elapse(range(10))
+            >>> def end(steps):
+            ...     raise StopIteration
+            >>> steps.pause_before(3, end)
+            >>> [batch for _, batch in steps], steps.elapsed.steps
+            ([0, 1, 2], 3)
+        """
+        self._pause_at, self._pause = step, fn
+
+    def set_clock(self, time: float, date: float) -> None:
+        """Sets the ``time`` and ``date`` of the current count (e.g. to process 0's)."""
+        self.elapsed = dataclasses.replace(self.elapsed, time=time, date=date)
 
     def finish(self) -> Elapsed:
         """Counts a batch that was handed out but not yet counted, and returns the total."""
-        if self._has_pending:
-            self.elapsed = self.elapsed.update(self._batch_size_fn(self._pending))
-            self._pending, self._has_pending = None, False
+        if self._pending is not _NOTHING:
+            size = self._batch_size_fn(self._pending)
+            if self._clock:
+                self.elapsed = self.elapsed.update(size)
+            else:
+                self.elapsed = dataclasses.replace(
+                    self.elapsed, steps=self.elapsed.steps + 1, samples=self.elapsed.samples + size
+                )
+            self._pending = _NOTHING
         return self.elapsed
+
+
+#: No batch is waiting to be counted.
+_NOTHING: Any = object()

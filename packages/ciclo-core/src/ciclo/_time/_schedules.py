@@ -17,12 +17,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._elapsed import Elapsed, Period, as_period
 from ._units import one_unit
 
 __all__ = [
+    "Due",
     "Schedule",
     "NamedSchedule",
     "every",
@@ -33,6 +34,27 @@ __all__ = [
     "as_schedule",
     "named_moment",
 ]
+
+
+class Due(NamedTuple):
+    """When a schedule can fire next, as :meth:`Schedule.next_due` plans it: not before the
+    count reaches ``steps`` or ``samples``, or at every later step (``every_step``).
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.every(10).next_due(ciclo.Elapsed(steps=3, samples=96, time=0.0, date=0.0))
+        Due(steps=10, samples=inf, every_step=False)
+    """
+
+    steps: float = math.inf
+    samples: float = math.inf
+    every_step: bool = False
+
+
+#: The plan of a schedule that fires at every later step.
+EVERY_STEP = Due(every_step=True)
+#: The plan of a schedule that never fires again.
+NOT_AGAIN = Due()
 
 
 class Schedule:
@@ -68,6 +90,20 @@ class Schedule:
     def children(self) -> tuple[Schedule, ...]:
         """Schedules this one is built from (for saving state)."""
         return ()
+
+    def next_due(self, elapsed: Elapsed) -> Due | None:
+        """When this schedule can fire next, in a loop whose counts only grow, asked right
+        after it was called with ``elapsed``; ``None`` (the default): ask it at every step.
+
+        A loop uses the plan to skip the calls that cannot fire (a step where only
+        ``every(1)`` tasks fire costs a comparison), and tells the schedule what it skipped
+        with :meth:`passed` before its state is read.
+        """
+        return None
+
+    def passed(self, elapsed: Elapsed) -> None:
+        """The loop went past ``elapsed`` without calling this schedule, as its plan
+        allowed: update what it remembers as if it had been called (nothing by default)."""
 
     def state_dict(self) -> dict[str, Any]:
         """What this schedule remembers, as plain Python values."""
@@ -135,7 +171,7 @@ class _Not(Schedule):
 class _Every(Schedule):
     """Fires once per boundary ``offset + k * period`` reached (k >= 0)."""
 
-    def __init__(self, unit: str, period: float, offset: float = 0.0) -> None:
+    def __init__(self, unit: str, period: float, offset: float = 0) -> None:
         self.unit, self.period, self.offset = unit, period, offset
         self._last: float | None = None  # the count of the previous call
         self._each_step = unit == "steps" and period == 1 and offset == 0
@@ -157,6 +193,17 @@ class _Every(Schedule):
             # fire only when exactly on a boundary.
             return value - self.offset == index * self.period
         return index > self._index(last)
+
+    def next_due(self, elapsed: Elapsed) -> Due | None:
+        if self._each_step:
+            return EVERY_STEP
+        if self.unit == "time":
+            return None
+        boundary = self.offset + (self._index(getattr(elapsed, self.unit)) + 1) * self.period
+        return Due(steps=boundary) if self.unit == "steps" else Due(samples=boundary)
+
+    def passed(self, elapsed: Elapsed) -> None:
+        self._last = getattr(elapsed, self.unit)
 
     def state_dict(self) -> dict[str, Any]:
         return {"last": self._last}
@@ -191,6 +238,13 @@ class _After(Schedule):
 
     def __call__(self, elapsed: Elapsed) -> bool:
         return bool(getattr(elapsed, self.unit) >= self.start)
+
+    def next_due(self, elapsed: Elapsed) -> Due | None:
+        if self.unit == "time":
+            return None
+        if getattr(elapsed, self.unit) >= self.start:
+            return EVERY_STEP
+        return Due(steps=self.start) if self.unit == "steps" else Due(samples=self.start)
 
     def every(
         self, steps: int | None = None, *, samples: int | None = None, time: float | None = None
@@ -302,6 +356,9 @@ class _Constant(Schedule):
 
     def __call__(self, elapsed: Elapsed) -> bool:
         return self.value
+
+    def next_due(self, elapsed: Elapsed) -> Due | None:
+        return EVERY_STEP if self.value else NOT_AGAIN
 
     def __repr__(self) -> str:
         return "always()" if self.value else "never()"

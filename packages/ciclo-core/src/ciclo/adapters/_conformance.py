@@ -17,7 +17,7 @@ except ImportError as error:  # pragma: no cover - pytest is a test dependency
         "ciclo.testing runs the adapter conformance suite with pytest: pip install pytest"
     ) from error
 
-from .._loop._engine import loop
+from .._loops._loop import loop
 from .._records._logs import Logs
 from .._time._schedules import every
 from ._adapter import AdapterState, mean_metric

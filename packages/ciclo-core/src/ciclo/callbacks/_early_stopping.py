@@ -39,9 +39,15 @@ def _say(message: str, file: IO[str] | None, verbose: bool) -> None:
         print(message, file=file if file is not None else sys.stdout, flush=True)
 
 
-def _stop(loop_state: LoopState, reason: str, file: IO[str] | None, verbose: bool) -> None:
-    loop_state.stop_iteration = True
-    loop_state.stop_reason = reason
+def _stop(
+    loop_state: LoopState,
+    reason: str,
+    file: IO[str] | None,
+    verbose: bool,
+    *,
+    same_everywhere: bool,
+) -> None:
+    loop_state.request_stop(reason, same_everywhere=same_everywhere)
     _say(reason, file, verbose)
 
 
@@ -214,6 +220,7 @@ class EarlyStopping(LoopCallbackBase):
                 f"{best}{baseline}).",
                 self.file,
                 self.verbose,
+                same_everywhere=True,  # decided on the history, identical on every process
             )
 
     # --- hooks -------------------------------------------------------------------------------
@@ -370,6 +377,7 @@ class TerminateOnNaN(LoopCallbackBase):
                 f"{loop_state.elapsed.steps}; training stopped.",
                 self.file,
                 self.verbose,
+                same_everywhere=False,  # checked on this process's clock: agreed
             )
 
     def __loop_callback__(self, loop_state: LoopState) -> None:

@@ -1,0 +1,108 @@
+"""The plan of a loop's tasks: which schedules must be asked at a step, and which answer
+is already known.
+
+A schedule that can say when it fires next (:meth:`ciclo.Schedule.next_due`: step and
+sample schedules, ``always``, ``never``) is asked only once its count is due; one that
+fires at every step (``every(1)``) is not asked at all. So a step where nothing but the
+step function fires costs one comparison: :attr:`TaskPlan.next_steps` and
+:attr:`TaskPlan.next_samples` against the count, then :attr:`TaskPlan.steady`. Other
+schedules (time, functions, combinations) are asked at every step, in order, each after
+the callbacks of the tasks before it ran.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+
+from .._time._elapsed import Elapsed
+from .._time._schedules import Schedule
+from ._callback import Callback
+
+__all__ = ["TaskPlan"]
+
+_ASK, _PLANNED, _EVERY_STEP = 0, 1, 2
+
+
+class _Task:
+    __slots__ = ("callbacks", "due_samples", "due_steps", "mode", "schedule")
+
+    def __init__(self, schedule: Schedule, callbacks: list[Callback], mode: int) -> None:
+        self.schedule, self.callbacks, self.mode = schedule, callbacks, mode
+        self.due_steps: float = -math.inf  # asked at the loop's first step
+        self.due_samples: float = -math.inf
+
+
+class TaskPlan:
+    """Which callbacks fire at each step of one loop (see the module docstring).
+
+    Example:
+        >>> import ciclo
+        >>> from ciclo._loop._callback import Callback
+        >>> hello, bye = Callback(lambda: None), Callback(lambda: None)
+        >>> plan = TaskPlan([(ciclo.every(1), [hello]), (ciclo.every(3), [bye])])
+        >>> count = lambda n: ciclo.Elapsed(steps=n, samples=n, time=0.0, date=0.0)
+        >>> [len(list(plan.fired(count(n)))) for n in range(5)]
+        [2, 1, 1, 2, 1]
+    """
+
+    __slots__ = ("next_samples", "next_steps", "steady", "tasks")
+
+    def __init__(self, tasks: Sequence[tuple[Schedule, list[Callback]]]) -> None:
+        schedules = [schedule for schedule, _ in tasks]
+        shared = {id(s) for s in schedules if sum(s is other for other in schedules) > 1}
+        # A schedule in two tasks is asked twice a step, and may answer differently: ask it.
+        self.tasks = [
+            _Task(schedule, callbacks, _ASK if id(schedule) in shared else _PLANNED)
+            for schedule, callbacks in tasks
+        ]
+        #: No planned schedule fires before the count reaches these (-inf: ask this step).
+        self.next_steps: float = -math.inf
+        self.next_samples: float = -math.inf
+        #: The callbacks of the schedules that fire at every step, in order.
+        self.steady: list[Callback] = []
+
+    def fired(self, elapsed: Elapsed) -> Iterator[Callback]:
+        """The callbacks that fire at ``elapsed``, in order; each schedule is asked only when
+        the iteration reaches it, so the callbacks before it have run."""
+        if elapsed.steps < self.next_steps and elapsed.samples < self.next_samples:
+            yield from self.steady
+            return
+        for task in self.tasks:
+            mode = task.mode
+            if mode == _EVERY_STEP:
+                yield from task.callbacks
+            elif mode == _PLANNED:
+                if elapsed.steps >= task.due_steps or elapsed.samples >= task.due_samples:
+                    fires = task.schedule(elapsed)
+                    self._plan(task, elapsed)
+                    if fires:
+                        yield from task.callbacks
+            elif task.schedule(elapsed):
+                yield from task.callbacks
+        self._replan()
+
+    def _plan(self, task: _Task, elapsed: Elapsed) -> None:
+        due = task.schedule.next_due(elapsed)
+        if due is None:
+            task.mode = _ASK
+        elif due.every_step:
+            task.mode = _EVERY_STEP
+        else:
+            task.due_steps, task.due_samples = due.steps, due.samples
+
+    def _replan(self) -> None:
+        if any(task.mode == _ASK for task in self.tasks):
+            self.next_steps = self.next_samples = -math.inf
+            return
+        planned = [task for task in self.tasks if task.mode == _PLANNED]
+        self.next_steps = min((t.due_steps for t in planned), default=math.inf)
+        self.next_samples = min((t.due_samples for t in planned), default=math.inf)
+        self.steady = [c for task in self.tasks if task.mode == _EVERY_STEP for c in task.callbacks]
+
+    def catch_up(self, elapsed: Elapsed) -> None:
+        """Tells the schedules the plan did not ask that the loop went past ``elapsed``
+        (before their state is read: a checkpoint, the loop's end)."""
+        for task in self.tasks:
+            if task.mode != _ASK:
+                task.schedule.passed(elapsed)

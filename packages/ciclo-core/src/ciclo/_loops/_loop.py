@@ -1,0 +1,217 @@
+"""``ciclo.loop``: the public loop, composed around the engine.
+
+It reads top to bottom, in the order a run happens: the arguments are checked, the tasks
+read, a checkpoint to resume from is put back, the processes of a job agree (several
+processes only), the signals that stop a run gracefully are caught, ``on_start`` runs, the
+engine (:func:`ciclo._loop._engine.run`) runs every batch, the loop's end hooks and
+``on_end`` run, and a run stopped by SIGTERM exits with its status. The engine knows none
+of these: each composes around it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from .._checkpoint import _resume
+from .._loop._agreed import AgreedDecisions
+from .._loop._arguments import check_arguments, check_dataset, checked_batch_size_fn
+from .._loop._engine import run
+from .._loop._hooks import end_hook_owners
+from .._loop._signals import exit_if_terminated, stop_gracefully_on
+from .._loop._state import LoopInputs, LoopState
+from .._loop._step import commit, run_callbacks
+from .._loop._tasks import Tasks, as_callback_list, normalize_tasks, run_end_hooks
+from .._processes._agreement import end_agreement, preemption_service_on, start_agreement
+from .._records._history import History
+from .._records._logs import Logs
+from .._time._elapsed import Elapsed, Period, elapse
+
+__all__ = ["loop"]
+
+
+def loop(
+    state: Any,
+    dataset: Iterable[Any],
+    tasks: Tasks | None = None,
+    *,
+    stop: int | Period | None = None,
+    on_start: Any = None,
+    on_end: Any = None,
+    history: History | None = None,
+    elapsed: Elapsed | None = None,
+    batch_size_fn: Callable[[Any], int] | None = None,
+    metadata: Any = None,
+    max_steps_in_flight: int = 2,
+    stop_signals: Sequence[signal.Signals] = (signal.SIGINT, signal.SIGTERM),
+    resume: str | os.PathLike[str] | None = None,
+    agree_every: int | None = None,
+    fault_timeout: float = 60.0,
+) -> tuple[Any, History, Elapsed]:
+    """Runs ``tasks`` over ``dataset``, threading ``state`` through the callbacks.
+
+    At each batch, every schedule in ``tasks`` is asked (in order) whether it fires for
+    the count *before* the batch; the callbacks of those that fire run in order. A callback
+    takes the first 0-4 of ``(state, batch, elapsed, loop_state)`` and returns
+    ``(logs, state)``, ``(outputs, logs, state)``, logs, a state or ``None``. The logs of
+    a step are committed to ``history``; values stay on device until read.
+
+    Args:
+        state: any pytree or object (a plain dict, a ``ManagedState``, ...).
+        dataset: an iterable of batches.
+        tasks: ``{schedule: callback or [callbacks]}``. Callback objects such as
+            ``ciclo.keras_bar(...)`` can be spread in with ``**``.
+        stop: an int (steps) or ``ciclo.at(...)``; by default the dataset's end.
+        on_start, on_end: callbacks (or lists) run once before the first / after the last
+            step; their logs reach history.
+        history: a :class:`History` to append to (new by default).
+        elapsed: the count to continue from (what an earlier loop returned).
+        batch_size_fn: ``batch -> int`` to count samples (leading dimension by default).
+        metadata: free-form data exposed as ``loop_state.metadata``.
+        max_steps_in_flight: how many steps JAX may run ahead of Python (0: unbounded).
+        stop_signals: signals that end the loop gracefully: the current step finishes,
+            a ``ciclo.checkpoint`` of the loop saves, ``on_end`` runs, then the loop
+            returns after Ctrl-C (SIGINT), and the process exits with status
+            ``128 + signal`` (143 for SIGTERM) after any other signal, so that a scheduler
+            sees an interrupted run. The same signal twice interrupts at once. Only the
+            outermost loop handles them: a loop run inside a callback runs to its end.
+            ``loop_state.stop_reason`` says why the loop stopped.
+        resume: a checkpoint directory (or the ``ciclo.checkpoint`` itself). When it holds a
+            checkpoint, the loop continues from the latest one as if it had never stopped:
+            state, ``elapsed``, history, the state of schedules and stateful callbacks are
+            restored and the batches already consumed are skipped (see
+            :func:`ciclo.checkpoint` for how). A missing or empty directory starts afresh, so
+            that one command starts a run and continues it after a preemption. On resume,
+            ``on_start`` runs but its logs are not recorded again.
+        agree_every: with several processes (``jax.distributed``), the steps between two
+            rounds of agreement of the processes on what differs between them: their
+            clocks, stops requested by a callback or a signal on one of them. ``None``, the
+            default, lets process 0 space the rounds about 0.1 s apart whatever a step
+            takes; ``N``: every N steps. No step waits for a round: each process reads the
+            others' records of the round before, so such a decision takes effect the same
+            step on every process, one to two rounds after it was due (at most ``2N - 1``
+            steps, or about 0.2 s by default). Step and sample schedules, ``stop=`` in steps
+            or samples, and early stopping are never exchanged: they take effect at once.
+            Ignored with one process (nothing is exchanged).
+        fault_timeout: with several processes, the seconds a process waits for another
+            before the job ends with an error naming it (an exception on one process ends
+            the others at once).
+
+    A callback ends the loop with ``loop_state.request_stop(reason)`` (or by setting
+    ``loop_state.stop_iteration = True``), with one process or several alike.
+
+    Callback objects (in ``tasks``, ``on_start`` or ``on_end``, or whose bound methods are)
+    may define ``__loop_end__(loop_state, error)``: it is called once when the loop ends,
+    before ``on_end`` (``error`` is ``None``), or when an exception leaves the loop
+    (``error`` is that exception, raised again afterwards). Callbacks may queue work for the
+    end of the current step with ``loop_state.at_step_end(fn)``.
+
+    Fused steps: a callback that implements ``__loop_steps_per_call__(loop_state) -> K``
+    and ``__loop_callback_many__(loop_state, batches) -> (stacked logs, state)`` (a managed
+    step under a strategy with ``steps_per_call=K``) runs up to K consecutive batches in one
+    call. Every schedule is still asked once per batch, in order, when the batch is drawn,
+    and a group is cut so that each callback runs on exactly the steps, the state and the
+    logs it would see with K=1: a group holds consecutive steps where the fused callback
+    fires, ends after a step where a callback placed *after* it fires too (that callback
+    then runs on the group's final state and that step's logs), and starts anew at a step
+    where one placed *before* it fires (it runs first, on the state before the group).
+    Batches of another shape (a smaller last batch) also start a new group; a group of one
+    is a plain step. So a callback that fires on every step (put in the same task as the
+    fused step) leaves nothing to fuse: give it its own, sparser schedule. The exception
+    are *observers*, callback objects whose class sets ``__loop_observer__ = True``
+    (progress bars, loggers): they only read the loop and return nothing, so when they fire
+    inside a group they run once, after it, on its last step, and do not cut it.
+
+    Returns:
+        ``(state, history, elapsed)``, ``elapsed`` counting every batch consumed.
+
+    Example:
+        >>> import ciclo, jax, numpy as np
+        >>> @jax.jit
+        ... def train_step(state, batch):
+        ...     logs = ciclo.logs().add_metric("mean", batch.mean())
+        ...     return logs, state + 1
+        >>> state, history, elapsed = ciclo.loop(
+        ...     0, [np.ones((4, 2))] * 5, {ciclo.every(1): train_step}
+        ... )
+        >>> int(state), elapsed.steps, history.collect("mean")
+        (5, 5, [1.0, 1.0, 1.0, 1.0, 1.0])
+    """
+    # 1. The arguments and the tasks, read once.
+    check_arguments(history, elapsed, batch_size_fn, stop_signals)
+    check_dataset(dataset)
+    if batch_size_fn is not None:
+        batch_size_fn = checked_batch_size_fn(batch_size_fn)
+    task_list = normalize_tasks(tasks)
+    start_callbacks = as_callback_list(on_start)
+    end_callbacks = as_callback_list(on_end)
+    every_callback = itertools.chain(start_callbacks, *(c for _, c in task_list), end_callbacks)
+    end_hooks = end_hook_owners(callback.fn for callback in every_callback)
+    history = History() if history is None else history
+    loop_state = LoopState(
+        state,
+        history,
+        elapsed or Elapsed.create(),
+        metadata,
+        batch_size_fn,
+        inputs=LoopInputs(tasks=task_list, dataset=dataset),
+    )
+    # 2. Several processes: their decisions are agreed (None with one process).
+    agreement = start_agreement(every=agree_every, timeout=fault_timeout)
+    received: list[signal.Signals] = []
+    decisions = None if agreement is None else AgreedDecisions(agreement, loop_state, received)
+    if decisions is not None and preemption_service_on():  # JAX's notifier owns SIGTERM
+        stop_signals = [s for s in stop_signals if s != signal.SIGTERM]
+    try:
+        # 3. Resume: the state, counts, history and callbacks of the latest checkpoint, and
+        # the dataset past the batches it consumed.
+        source = dataset if resume is None else _resume.resume(resume, loop_state)
+        steps = elapse(
+            source,
+            stop=stop,
+            initial=loop_state.elapsed,
+            batch_size_fn=(
+                batch_size_fn
+                if decisions is None
+                else decisions.batch_size_fn(loop_state.batch_size_fn)
+            ),
+            clock=decisions is None,
+        )
+        loop_state.elapsed = steps.elapsed
+        if decisions is not None:
+            decisions.attach(steps)
+        # 4. on_start (its logs are already in a resumed history).
+        run_callbacks(start_callbacks, loop_state)
+        if loop_state.resumed:
+            loop_state.logs = Logs()
+        commit(loop_state)
+        loop_state.end_step()
+        # 5. The batches, with stop signals caught.
+        with stop_gracefully_on(loop_state, stop_signals, received):
+            try:
+                run(loop_state, steps, task_list, max_steps_in_flight=max_steps_in_flight)
+                if decisions is not None:
+                    decisions.finish(loop_state.elapsed.steps)
+            except BaseException as error:
+                if agreement is not None:  # at once, so the others end too
+                    agreement.fail(error)
+                run_end_hooks(end_hooks, loop_state, error)
+                raise
+            run_end_hooks(end_hooks, loop_state, None)
+        # 6. on_end.
+        run_callbacks(end_callbacks, loop_state)
+        commit(loop_state)
+        loop_state.end_step()
+    except BaseException as error:
+        if agreement is not None:
+            agreement.fail(error)
+        raise
+    finally:
+        if agreement is not None:
+            end_agreement(agreement)
+    # 7. A run stopped by SIGTERM (not Ctrl-C) exits with status 128 + signal.
+    exit_if_terminated(received, loop_state)
+    return loop_state.state, history, loop_state.elapsed
