@@ -115,7 +115,6 @@ class Group:
         if logs:
             loop_state.history.commit_many(self.elapsed, logs)
             loop_state.logs = _last_row(logs)
-            loop_state.add_committed(loop_state.logs)
         _run_observers(self.observers, loop_state)
 
 

@@ -238,7 +238,7 @@ class LoopCallbackBase:
         if state is not NO_CHANGE:
             loop_state.state = state
         loop_state.history.commit(elapsed, loop_state.logs)  # as a loop commits a step
-        loop_state.accumulated_logs.merge(loop_state.logs)
+        loop_state.remember(loop_state.logs)
         loop_state.end_step()
         if callable(getattr(type(self), "__loop_end__", None)):  # the end of a one-step loop
             loop_state.elapsed, loop_state.batch = loop_state.elapsed_after_step(), None

@@ -69,10 +69,10 @@ class LoopState:
     __slots__ = (
         "_accumulated",
         "_arbiter",
+        "_first_row",
         "_reason",
         "_step_end",
         "_stop",
-        "_unmerged",
         "batch",
         "batch_size_fn",
         "elapsed",
@@ -110,8 +110,8 @@ class LoopState:
         self._stop = False
         self._reason: str | None = None
         self._arbiter: StopArbiter | None = None
-        self._accumulated = Logs()
-        self._unmerged: list[Logs] = []  # committed step logs not yet in _accumulated
+        self._accumulated = Logs()  # what came before this loop's rows (a resume's logs)
+        self._first_row = len(history)  # this loop's first row of history
         self._step_end: list[Callable[[LoopState], None]] = []
 
     # --- stopping --------------------------------------------------------------------------
@@ -173,32 +173,18 @@ class LoopState:
     # --- logs -------------------------------------------------------------------------------
     @property
     def accumulated_logs(self) -> Logs:
-        if self._unmerged:
-            self.merge_committed()
-        return self._accumulated
+        """The latest value of every entry seen in this loop: read from the history's rows
+        of this loop when asked (a step pays nothing for it)."""
+        accumulated = Logs(self._accumulated)
+        return accumulated.merge(self.history.latest_since(self._first_row))
 
     @accumulated_logs.setter
     def accumulated_logs(self, logs: Logs) -> None:
-        self._accumulated, self._unmerged = logs, []
+        self._accumulated, self._first_row = Logs(logs), len(self.history)
 
-    def add_committed(self, logs: Logs) -> None:
-        """Records the logs of a committed step for :attr:`accumulated_logs` (merged when
-        read: a step pays a list append)."""
-        unmerged = self._unmerged
-        unmerged.append(logs)
-        if len(unmerged) >= 1024:
-            self.merge_committed()
-
-    def merge_committed(self) -> None:
-        """Merges the logs recorded by :meth:`add_committed` into :attr:`accumulated_logs`."""
-        accumulated, unmerged, self._unmerged = self._accumulated, self._unmerged, []
-        for logs in unmerged:
-            for collection, entries in logs.items():
-                mine = accumulated.get(collection)
-                if mine is None:
-                    dict.__setitem__(accumulated, collection, dict(entries))
-                else:
-                    mine.update(entries)
+    def remember(self, logs: Logs) -> None:
+        """Adds ``logs`` to :attr:`accumulated_logs` without a row of history."""
+        self._accumulated.merge(logs)
 
     # --- the end of a step ------------------------------------------------------------------
     def at_step_end(self, fn: Callable[[LoopState], None]) -> None:

@@ -39,8 +39,7 @@ def run_callbacks(callbacks: Iterable[Callback], loop_state: LoopState) -> None:
 
 
 def commit(loop_state: LoopState) -> None:
-    """Commits the step's logs (if any) to history and to ``accumulated_logs``."""
+    """Commits the step's logs (if any) to history (``accumulated_logs`` reads them there)."""
     logs = loop_state.logs
     if logs:
         loop_state.history.commit(loop_state.elapsed, logs)
-        loop_state.add_committed(logs)

@@ -165,36 +165,61 @@ class History:
         self._missing_hints: list[Callable[[str], str | None]] = []  # see hint_missing
         self._lookup: dict[str, dict[str, _Column]] = {}  # the same, by collection and name
         self._num_rows = 0
-        # Rows committed since the last fetch, as given: (row, elapsed, logs); split into
-        # the columns by `fetch`, in bulk.
-        self._new_rows: list[tuple[int, Elapsed, Mapping[str, Mapping[str, Any]] | None]] = []
-        # Stacked blocks of fused steps not yet fetched: (first row, elapsed list, logs).
-        self._new_blocks: list[tuple[int, Sequence[Elapsed], Mapping[str, Any]]] = []
+        # Committed values not yet fetched: (collection, name) -> (rows, values).
+        self._pending: dict[tuple[str, str], tuple[list[int], list[Any]]] = {}
+        self._blocks: dict[tuple[str, str], list[int]] = {}  # positions of stacked blocks
         self._num_pending = 0  # commits waiting
         self._pending_since = 0.0
 
     # --- writing -------------------------------------------------------------------------
-    # A commit only appends (row, elapsed, logs) to a list: the values stay on device, and
+    # Committed values wait, still on device, in one (rows, values) pair of lists per key;
     # `fetch` moves them all to the host at once and extends each column in bulk. Per-value
     # Python work is what makes a history slow at a million rows (and per step). A fused
-    # call's block of rows stays one array until fetched.
-    def commit(self, elapsed: Elapsed, logs: Mapping[str, Mapping[str, Any]] | None) -> None:
-        """Adds one row: the ``elapsed`` fields and every log entry ``collection.name``.
-
-        The history keeps ``logs`` as given until it fetches its values (at most
-        ``fetch_interval`` seconds later, or when read): commit a new ``Logs`` per row rather
-        than changing a committed one (a step returns a new one each time).
-        """
+    # call's block of rows stays one array until fetched (`_blocks`: their positions).
+    def _add_elapsed(self, elapsed: Elapsed) -> int:
+        columns = self._elapsed
+        columns["steps"].append(elapsed.steps)
+        columns["samples"].append(elapsed.samples)
+        columns["time"].append(elapsed.time)
+        columns["date"].append(elapsed.date)
         row = self._num_rows
         self._num_rows = row + 1
-        self._new_rows.append((row, elapsed, logs))
-        pending = self._num_pending
-        if not pending:
+        return row
+
+    def commit(self, elapsed: Elapsed, logs: Mapping[str, Mapping[str, Any]] | None) -> None:
+        """Adds one row: the ``elapsed`` fields and every log entry ``collection.name``."""
+        columns = self._elapsed  # _add_elapsed, inlined (once per step)
+        columns["steps"].append(elapsed.steps)
+        columns["samples"].append(elapsed.samples)
+        columns["time"].append(elapsed.time)
+        columns["date"].append(elapsed.date)
+        row = self._num_rows
+        self._num_rows = row + 1
+        if not logs:
+            return
+        if not self._num_pending:
+            if not any(
+                _host.is_device_array(v) for values in logs.values() for v in values.values()
+            ):  # host values only, nothing waiting: stored at once
+                self._store(
+                    {(c, n): ([row], [v]) for c, values in logs.items() for n, v in values.items()},
+                    {},
+                    fetch=False,
+                )
+                return
             self._pending_since = _time.monotonic()
-        self._num_pending = pending = pending + 1
-        # The clock is read every 32 commits: a fetch is at most 31 rows late.
-        if pending >= self.max_pending or (
-            pending & 31 == 0 and _time.monotonic() - self._pending_since >= self.fetch_interval
+        pending = self._pending
+        for collection, values in logs.items():
+            for name, value in values.items():
+                slot = pending.get((collection, name))
+                if slot is None:
+                    slot = pending[(collection, name)] = ([], [])
+                slot[0].append(row)
+                slot[1].append(value)
+        self._num_pending += 1
+        if (
+            self._num_pending >= self.max_pending
+            or _time.monotonic() - self._pending_since >= self.fetch_interval
         ):
             self.fetch()
 
@@ -204,20 +229,25 @@ class History:
         """Adds ``len(elapsed)`` rows from logs whose values are stacked along axis 0
         (as returned by several steps fused in one call); split on the host when fetched."""
         count = len(elapsed)
-        for collection, values in logs.items():
-            for name, value in values.items():
-                shape = np.shape(value)  # reads `.shape`: no transfer for device arrays
-                if shape[:1] != (count,):
-                    raise ValueError(
-                        f"commit_many: log entry {f'{collection}.{name}'!r} has shape "
-                        f"{shape}; every value must be stacked along axis 0 with one row per "
-                        f"elapsed ({count} rows)."
-                    )
+        stacked = [((c, n), v) for c, values in logs.items() for n, v in values.items()]
+        for (collection, name), value in stacked:
+            shape = np.shape(value)  # reads `.shape`: no transfer for device arrays
+            if shape[:1] != (count,):
+                raise ValueError(
+                    f"commit_many: log entry {f'{collection}.{name}'!r} has shape {shape}; "
+                    f"every value must be stacked along axis 0 with one row per elapsed "
+                    f"({count} rows)."
+                )
         first = self._num_rows
-        self._num_rows = first + count
-        self._new_blocks.append((first, elapsed, logs))
+        for e in elapsed:
+            self._add_elapsed(e)
         if not self._num_pending:
             self._pending_since = _time.monotonic()
+        for key, block in stacked:
+            rows, values = self._pending.setdefault(key, ([], []))
+            rows.extend(range(first, first + count))
+            self._blocks.setdefault(key, []).append(len(values))
+            values.append(block)
         self._num_pending += 1
         if (
             self._num_pending >= self.max_pending
@@ -226,48 +256,22 @@ class History:
             self.fetch()
 
     def fetch(self) -> None:
-        """Fetches all pending device values to the host (batched, see ``_host.to_host``)
-        and adds the committed rows to the columns."""
-        rows, blocks = self._new_rows, self._new_blocks
-        if not rows and not blocks:
+        """Fetches all pending device values to the host (batched, see ``_host.to_host``)."""
+        if not self._num_pending:
             return
-        self._new_rows, self._new_blocks, self._num_pending = [], [], 0
-        # Rows and blocks were committed in row order within each list; merge the two.
-        entries: list[tuple[int, int, Sequence[Elapsed], Mapping[str, Any] | None]] = [
-            (row, 0, (elapsed,), logs) for row, elapsed, logs in rows
-        ]
-        if blocks:
-            entries += [(first, 1, elapsed, logs) for first, elapsed, logs in blocks]
-            entries.sort(key=lambda entry: entry[0])
-        counted = [e for _, _, elapsed_list, _ in entries for e in elapsed_list]
-        for field, column in self._elapsed.items():
-            column.extend([getattr(e, field) for e in counted])
-        gathered: dict[tuple[str, str], tuple[list[int], list[Any]]] = {}
-        block_positions: dict[tuple[str, str], list[int]] = {}
-        for first, is_block, elapsed_list, logs in entries:
-            if not logs:
-                continue
-            for collection, values in logs.items():
-                for name, value in values.items():
-                    slot = gathered.get((collection, name))
-                    if slot is None:
-                        slot = gathered[(collection, name)] = ([], [])
-                    if is_block:
-                        block_positions.setdefault((collection, name), []).append(len(slot[1]))
-                        slot[0].extend(range(first, first + len(elapsed_list)))
-                    else:
-                        slot[0].append(first)
-                    slot[1].append(value)
-        if gathered:
-            self._store(gathered, block_positions)
+        pending, blocks = self._pending, self._blocks
+        self._pending, self._blocks, self._num_pending = {}, {}, 0
+        self._store(pending, blocks, fetch=True)
 
     def _store(
         self,
         gathered: dict[tuple[str, str], tuple[list[int], list[Any]]],
         blocks: dict[tuple[str, str], list[int]],
+        *,
+        fetch: bool,
     ) -> None:
         values_by_key = {key: values for key, (_, values) in gathered.items()}
-        if any(_host.is_device_array(v) for values in values_by_key.values() for v in values):
+        if fetch:
             values_by_key = _host.to_host(values_by_key)
         for pair, (rows, _) in gathered.items():
             values = values_by_key[pair]
@@ -319,7 +323,7 @@ class History:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Replaces every row by those of a :meth:`state_dict` (pending values are dropped)."""
-        self._new_rows, self._new_blocks, self._num_pending = [], [], 0
+        self._pending, self._blocks, self._num_pending = {}, {}, 0
         self._num_rows = int(state["num_rows"])
         self._elapsed = {
             field: _from_numpy(state["elapsed"][field], "d" if field in ("time", "date") else "q")
@@ -448,7 +452,6 @@ class History:
             >>> history.run_start(0, 1), history.run_start(1, 1), history.run_start(0, 0)
             (3, 4, 5)
         """
-        self.fetch()
         steps = np.frombuffer(self._elapsed["steps"], dtype=np.int64)
         outside = np.flatnonzero((steps < first) | (steps > last))
         drops = np.flatnonzero(steps[1:] < steps[:-1]) + 1
@@ -495,6 +498,38 @@ class History:
             columns[key] = (rows, values[start:].astype(np.float64))
             del values
         return steps, samples, columns
+
+    def latest_since(self, row: int) -> Logs:
+        """The latest value of every entry committed at ``row`` or later (values not
+        fetched yet stay on device; nothing is fetched).
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> for steps, name in enumerate(["a", "b", "a"]):
+            ...     logs = ciclo.logs().add_metric(name, float(steps))
+            ...     history.commit(ciclo.Elapsed.create(steps=steps), logs)
+            >>> history.latest_since(1)
+            {'metrics': {'b': 1.0, 'a': 2.0}}
+        """
+        found: dict[tuple[str, str], tuple[int, Any]] = {}
+        for key, column in self._columns.items():
+            if column.values is None or not len(column):
+                continue
+            last = column.rows[-1] if column.rows is not None else column.start + len(column) - 1
+            if last >= row:
+                collection, name = key.split(".", 1)
+                found[(collection, name)] = (last, column.values[-1])
+        for key, (rows, values) in self._pending.items():
+            if rows[-1] >= row:
+                value = values[-1]
+                if self._blocks.get(key) and self._blocks[key][-1] == len(values) - 1:
+                    value = value[-1]  # the last row of a stacked block
+                found[key] = (rows[-1], value)
+        out = Logs()
+        for (collection, name), (_, value) in sorted(found.items(), key=lambda kv: kv[1][0]):
+            out.add_entry(collection, name, value)
+        return out
 
     def last_logs(self) -> Logs:
         """The logs of the last row, without ``elapsed``."""
