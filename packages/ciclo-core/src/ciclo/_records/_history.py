@@ -513,19 +513,21 @@ class History:
             {'metrics': {'b': 1.0, 'a': 2.0}}
         """
         found: dict[tuple[str, str], tuple[int, Any]] = {}
-        for key, column in self._columns.items():
-            if column.values is None or not len(column):
-                continue
-            last = column.rows[-1] if column.rows is not None else column.start + len(column) - 1
-            if last >= row:
-                collection, name = key.split(".", 1)
-                found[(collection, name)] = (last, column.values[-1])
-        for key, (rows, values) in self._pending.items():
+        for collection, columns in self._lookup.items():
+            for name, column in columns.items():
+                if column.values is None or not len(column):
+                    continue
+                end = column.start + len(column) - 1
+                last = column.rows[-1] if column.rows is not None else end
+                if last >= row:
+                    found[(collection, name)] = (last, column.values[-1])
+        for pair, (rows, values) in self._pending.items():
             if rows[-1] >= row:
                 value = values[-1]
-                if self._blocks.get(key) and self._blocks[key][-1] == len(values) - 1:
+                blocks = self._blocks.get(pair)
+                if blocks and blocks[-1] == len(values) - 1:
                     value = value[-1]  # the last row of a stacked block
-                found[key] = (rows[-1], value)
+                found[pair] = (rows[-1], value)
         out = Logs()
         for (collection, name), (_, value) in sorted(found.items(), key=lambda kv: kv[1][0]):
             out.add_entry(collection, name, value)
