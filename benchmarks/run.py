@@ -2,6 +2,8 @@
 
 python benchmarks/run.py            # full size: writes RESULTS.md
 python benchmarks/run.py --tiny     # a few iterations of each, to keep them from rotting
+python benchmarks/run.py --before ../ciclo-0.1   # also the engine's benchmarks on a checkout
+                                                 # of an earlier ciclo, in the same run
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ SCRIPTS = [
     "placement.py",
     "multihost_agreement.py",
 ]
+
+
+#: The benchmarks of the engine's per-step path, also run on an earlier ciclo with --before.
+BEFORE_SCRIPTS = ["loop_overhead.py", "step_profile.py", "haiku_step.py", "multihost_agreement.py"]
 
 
 def _table(rows: list[dict]) -> list[str]:
@@ -66,6 +72,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--only", nargs="*", help="run only these scripts")
+    parser.add_argument(
+        "--before",
+        help="a checkout of an earlier ciclo: the engine's benchmarks (BEFORE_SCRIPTS) also run "
+        "on its ciclo-core, in the same run, their rows marked '(before)'",
+    )
     args = parser.parse_args()
     scripts = [s for s in SCRIPTS if (HERE / s).exists() and (not args.only or s in args.only)]
     failures = []
@@ -82,7 +93,31 @@ def main() -> None:
             print(f"   ({time.perf_counter() - start:.1f} s)", flush=True)
             if result.returncode:
                 failures.append(script)
+        if args.before:
+            before = Path(args.before).resolve()
+            for script in [s for s in BEFORE_SCRIPTS if s in scripts]:
+                print(f"== {script} (before: {before})", flush=True)
+                result = subprocess.run(
+                    [sys.executable, str(HERE / script), "--json", str(out) + ".before"],
+                    cwd=HERE,
+                    check=False,
+                    env={**os.environ, "PYTHONPATH": str(before / "packages/ciclo-core/src")},
+                )
+                if result.returncode:
+                    failures.append(f"{script} (before)")
         rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+        earlier = Path(str(out) + ".before")
+        if earlier.exists():
+            for line in earlier.read_text().splitlines():
+                row = json.loads(line)
+                if row.get("candidate") != row.get("baseline"):
+                    row["candidate"] += " (before)"
+                    row["target"] = ""
+                    rows.append(row)
+            first: dict[str, int] = {}
+            for i, row in enumerate(rows):
+                first.setdefault(row.get("benchmark", ""), i)
+            rows.sort(key=lambda r: first[r.get("benchmark", "")])  # stable: after, before
     if failures:
         sys.exit(f"benchmarks failed: {failures}")
     if args.tiny:

@@ -216,10 +216,11 @@ class History:
                     slot = pending[(collection, name)] = ([], [])
                 slot[0].append(row)
                 slot[1].append(value)
-        self._num_pending += 1
-        if (
-            self._num_pending >= self.max_pending
-            or _time.monotonic() - self._pending_since >= self.fetch_interval
+        self._num_pending = waiting = self._num_pending + 1
+        # The clock is read every 16 commits (once per step costs more): a fetch is due when
+        # fetch_interval has passed, and happens at most 15 commits later.
+        if waiting >= self.max_pending or (
+            waiting & 15 == 0 and _time.monotonic() - self._pending_since >= self.fetch_interval
         ):
             self.fetch()
 
