@@ -45,7 +45,7 @@ def loop(
     elapsed: Elapsed | None = None,
     batch_size_fn: Callable[[Any], int] | None = None,
     metadata: Any = None,
-    max_steps_in_flight: int = 2,
+    max_steps_in_flight: int = 8,
     stop_signals: Sequence[signal.Signals] = (signal.SIGINT, signal.SIGTERM),
     resume: str | os.PathLike[str] | None = None,
     agree_every: int | None = None,
@@ -71,7 +71,9 @@ def loop(
         elapsed: the count to continue from (what an earlier loop returned).
         batch_size_fn: ``batch -> int`` to count samples (leading dimension by default).
         metadata: free-form data exposed as ``loop_state.metadata``.
-        max_steps_in_flight: how many steps JAX may run ahead of Python (0: unbounded).
+        max_steps_in_flight: how many steps JAX may run ahead of Python (0: unbounded): the
+            loop marks a step every ``max_steps_in_flight`` steps and waits for the mark
+            before it, so at most twice as many are queued, and a step pays a counter.
         stop_signals: signals that end the loop gracefully: the current step finishes,
             a ``ciclo.checkpoint`` of the loop saves, ``on_end`` runs, then the loop
             returns after Ctrl-C (SIGINT), and the process exits with status
