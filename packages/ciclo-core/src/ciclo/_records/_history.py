@@ -271,9 +271,19 @@ class History:
         *,
         fetch: bool,
     ) -> None:
-        values_by_key = {key: values for key, (_, values) in gathered.items()}
+        values_by_key: dict[tuple[str, str], Any] = {}
         if fetch:
-            values_by_key = _host.to_host(values_by_key)
+            # A column's backlog of same-shaped device values comes back as one array.
+            rest = {}
+            for key, (_, values) in gathered.items():
+                stacked = None if key in blocks else _host.stacked_to_host(values)
+                if stacked is None:
+                    rest[key] = values
+                else:
+                    values_by_key[key] = stacked
+            values_by_key.update(_host.to_host(rest))
+        else:
+            values_by_key = {key: values for key, (_, values) in gathered.items()}
         for pair, (rows, _) in gathered.items():
             values = values_by_key[pair]
             if pair in blocks:

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["to_host", "is_device_array"]
+__all__ = ["to_host", "stacked_to_host", "is_device_array"]
 
 T = TypeVar("T")
 
@@ -46,6 +46,11 @@ def _group_key(array: jax.Array) -> Any:
 
 
 def _fetch_group(arrays: list[jax.Array]) -> list[np.ndarray]:
+    return list(_fetch_stacked(arrays))
+
+
+def _fetch_stacked(arrays: list[jax.Array]) -> np.ndarray:
+    """Same-shaped arrays, stacked on device in chunks and fetched: one NumPy array."""
     chunks = []
     large, small = _CHUNKS
     start = 0
@@ -55,10 +60,35 @@ def _fetch_group(arrays: list[jax.Array]) -> list[np.ndarray]:
         padded = part + [part[0]] * (size - len(part))
         chunks.append((len(part), _stack(*padded)))
         start += size
-    out: list[np.ndarray] = []
-    for count, fetched in jax.device_get(chunks):
-        out.extend(fetched[:count])
-    return out
+    parts = [fetched[:count] for count, fetched in jax.device_get(chunks)]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def stacked_to_host(values: list[Any]) -> np.ndarray | None:
+    """``values`` fetched as one NumPy array stacked along a new axis 0, when they are at
+    least a few device arrays of one shape and dtype (a history column's backlog); else
+    ``None`` (fetch them with :func:`to_host`).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> stacked_to_host([jnp.float32(i) for i in range(10)]).tolist()
+        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
+        >>> stacked_to_host([1.0, 2.0]) is None
+        True
+    """
+    if len(values) < _MIN_GROUP:
+        return None
+    first = values[0]
+    if not isinstance(first, jax.Array):
+        return None
+    key = _group_key(first)
+    for value in values:
+        if not isinstance(value, jax.Array) or _group_key(value) != key:
+            return None
+    try:
+        return _fetch_stacked(values)
+    except (ValueError, TypeError, RuntimeError):  # e.g. not stackable across devices
+        return None
 
 
 def to_host(tree: T) -> T:
