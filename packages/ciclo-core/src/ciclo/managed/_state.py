@@ -686,6 +686,31 @@ class ManagedStep:
             state, placed, strategy.place_broadcasts(broadcasts)
         )
 
+    def lower(
+        self, state: Any, batch: Any, broadcasts: Any = None, statics: Hashable = None
+    ) -> Any:
+        """The compiled call of one step on ``state`` and ``batch``, lowered and not run (a
+        ``jax.stages.Lowered``, as ``jax.jit(f).lower`` gives): ``.compile().cost_analysis()``
+        gives its FLOPs (see :func:`ciclo.callbacks.compiled_flops`).
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp
+            >>> @ciclo.managed.step
+            ... def total(state, batch):
+            ...     return ciclo.logs().add_metric("total", batch.sum()), state
+            >>> state = ciclo.managed.ManagedState.create(params={}, tx=None)
+            >>> type(total.lower(state, jnp.ones(3))).__name__
+            'Lowered'
+        """
+        strategy = self._strategy_of(state)
+        broadcasts, statics = self._args(broadcasts, statics)
+        compiled = self.compiled_for(strategy, statics=statics)
+        lower = getattr(compiled, "lower", None) or jax.jit(compiled).lower  # eager: not jitted
+        return lower(state, strategy.place_batch(batch), strategy.place_broadcasts(broadcasts))
+
+    def __loop_lower__(self, loop_state: LoopState) -> Any:
+        return self.lower(loop_state.state, loop_state.batch)
+
     def _strategy_of(self, state: Any) -> Strategy:
         strategy = getattr(state, "strategy", None)
         if not isinstance(strategy, Strategy):
@@ -771,6 +796,9 @@ class _BoundStep:
         self, loop_state: LoopState, batches: Sequence[Any]
     ) -> tuple[Logs, Any]:
         return self.step.many(loop_state.state, batches)
+
+    def __loop_lower__(self, loop_state: LoopState) -> Any:
+        return self.step.lower(loop_state.state, loop_state.batch)
 
 
 def _shapes(batch: Any) -> tuple[Any, list[tuple[int, ...]]]:
