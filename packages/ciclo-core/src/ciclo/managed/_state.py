@@ -479,6 +479,8 @@ class ManagedStep:
         self._compiled = {} if compiled is None else compiled
         # This step's own calls without arguments, by strategy (see __call__).
         self._calls: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
+        self._defined_in: type | None = None  # the class whose body holds it
+        self._inherited: dict[type, ManagedStep] = {}  # as read from subclasses (__get__)
 
     def bind(self, broadcasts: Any = None, statics: Hashable = None) -> ManagedStep:
         """The same step with ``broadcasts`` and ``statics`` fixed: what a loop runs.
@@ -733,10 +735,34 @@ class ManagedStep:
     ) -> tuple[Logs, Any]:
         return self.many(loop_state.state, batches)
 
+    def __set_name__(self, owner: type, name: str) -> None:
+        if self._defined_in is None:
+            self._defined_in = owner
+
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
-            return self
+            if owner is None or self._defined_in in (None, owner):
+                return self
+            return self._as_read_from(owner)
         return _BoundStep(self, instance)
+
+    def _as_read_from(self, owner: type) -> ManagedStep:
+        """This step as ``owner.train_step`` for a subclass ``owner``: the same step
+        (sharing its compiled calls), named after ``owner`` in errors (``NNXState.train_step``,
+        not the base class's name)."""
+        step = self._inherited.get(owner)
+        if step is None:
+            step = ManagedStep(
+                self.fn,
+                differentiate=self.differentiate,
+                broadcasts=self.broadcasts,
+                statics=self.statics,
+                compiled=self._compiled,
+            )
+            step.__qualname__ = f"{owner.__qualname__}.{self.__name__}"
+            step._defined_in = owner
+            self._inherited[owner] = step
+        return step
 
     def __repr__(self) -> str:
         kind = "train_step" if self.differentiate else "step"
