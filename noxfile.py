@@ -85,7 +85,8 @@ def tests(session: nox.Session, package: str) -> None:
     elif package == "integration":
         _install_tests(session, *ADAPTERS)
         session.install("tensorboardX", "matplotlib", "scikit-learn")
-        paths = ["tests", "--ignore=tests/extras"]  # those need the extras: `nox -s extras`
+        # tests/extras need the extras (`nox -s extras`), tests/docs_site the site (`nox -s docs`)
+        paths = ["tests", "--ignore=tests/extras", "--ignore=tests/docs_site"]
     else:
         _install_tests(session, package)
         paths = [f"packages/ciclo-{package}/tests"]

@@ -122,7 +122,7 @@ def test_a_run_logged_to_wandb_offline_reads_back_equal_to_the_history(tmp_path,
 
 
 # MLflow's database store uses a loader strategy that SQLAlchemy 2.1 deprecates (not ours).
-@pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
 def test_a_run_logged_to_mlflow_reads_back_equal_to_the_history(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)  # as the docs say: no setting

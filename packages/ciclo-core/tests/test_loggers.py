@@ -196,4 +196,5 @@ def test_csv_logger_running_mean_resumed_within_an_epoch_averages_all_of_it(tmp_
     resumed, straight = (read_csv(tmp_path / d / "log.csv") for d in "ba")
     for row in resumed + straight:
         del row["time"]
-    assert resumed == straight and len(straight) == 2
+    assert resumed == straight
+    assert len(straight) == 2

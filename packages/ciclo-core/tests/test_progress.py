@@ -149,7 +149,8 @@ def test_bars_without_a_total_read_it_from_the_loop():
     assert final_line(bar(), iter(batches(20)), stop=8).startswith("8/8 [")  # the loop's stop
     assert final_line(bar(), batches(20), stop=8).startswith("8/8 [")  # stop before the end
     line = final_line(bar(), iter(batches(20)), stop=ciclo.at(samples=24))  # its unit
-    assert line.startswith("24/24 [") and "/sample" in line
+    assert line.startswith("24/24 [")
+    assert "/sample" in line
     # continued from a count: the total is where the loop ends
     line = final_line(bar(), batches(4), elapsed=ciclo.Elapsed.create(steps=10))
     assert line.startswith("14/14 [")

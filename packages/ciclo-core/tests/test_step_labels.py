@@ -55,7 +55,8 @@ def test_every_output_labels_an_evaluation_alike(tmp_path):
 
     # The label of each evaluation: the row of the training step it follows.
     labels, values = history.collect("steps", "loss_test")
-    assert labels == [3, 7, 11, 15] and values == pytest.approx(LOSSES_TEST[:4])
+    assert labels == [3, 7, 11, 15]
+    assert values == pytest.approx(LOSSES_TEST[:4])
     best = labels[1]
     with open(tmp_path / "log.csv", newline="") as f:
         rows = list(csv.DictReader(f))

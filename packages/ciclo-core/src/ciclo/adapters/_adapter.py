@@ -687,7 +687,8 @@ class AdapterState(ManagedState):
                 else:
                     value = self._call_loss(self.metrics, name, metric, preds, targets)
             except Exception as error:
-                raise function_failed(error, where, "metric", name, metric, preds, targets) from error
+                failed = function_failed(error, where, "metric", name, metric, preds, targets)
+                raise failed from error
             logs.add_metric(name, self._reduce(self.metrics, name, value, w, "metric"))
         if len(applied) > 2 and applied[2]:  # logs the model recorded (sown losses)
             logs.merge(self._recorded(applied[2], logs))

@@ -274,7 +274,8 @@ class EarlyStopping(LoopCallbackBase):
                 self.verbose,
             )
             return None
-        _say(f"early_stopping: restoring the state of {self._best_text()}.", self.file, self.verbose)
+        restoring = f"early_stopping: restoring the state of {self._best_text()}."
+        _say(restoring, self.file, self.verbose)
         return None, self.best_weights
 
     def _best_text(self) -> str:

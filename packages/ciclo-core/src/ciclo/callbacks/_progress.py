@@ -8,6 +8,7 @@ without a device sync.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time as _time
@@ -91,7 +92,10 @@ class _Bar(LoopCallbackBase):
         self.what = what
         # Without a total, the loop tells it when the bar is first called (see _read_total).
         self.total_from_loop = total is None
-        self.unit, self.total = ("steps", math.inf) if total is None else period_unit(total, f"{what}(total)")
+        if total is None:
+            self.unit, self.total = "steps", math.inf
+        else:
+            self.unit, self.total = period_unit(total, f"{what}(total)")
         self.running_mean = check_running_mean(running_mean, what)
         self._means = RunningMean() if running_mean else None
         self._from_step: int | None = None  # where the means start without an epoch
@@ -119,10 +123,9 @@ class _Bar(LoopCallbackBase):
         stop = loop_state.inputs.stop
         unit = total = None
         if stop is not None:
-            try:
+            # a stop in several units leaves it to the dataset
+            with contextlib.suppress(TypeError, ValueError):
                 unit, total = period_unit(stop, "stop")
-            except (TypeError, ValueError):  # a stop in several units: the dataset tells
-                pass
         try:
             length: int | None = len(loop_state.inputs.dataset)
         except TypeError:

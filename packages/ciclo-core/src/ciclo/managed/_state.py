@@ -459,6 +459,7 @@ class ManagedStep:
     """
 
     __name__: str
+    __qualname__: str
 
     def __init__(
         self,
