@@ -85,7 +85,8 @@ def tests(session: nox.Session, package: str) -> None:
     elif package == "integration":
         _install_tests(session, *ADAPTERS)
         session.install("tensorboardX", "matplotlib", "scikit-learn")
-        paths = ["tests", "--ignore=tests/extras"]  # those need the extras: `nox -s extras`
+        # tests/extras need the extras (`nox -s extras`), tests/docs_site the site (`nox -s docs`)
+        paths = ["tests", "--ignore=tests/extras", "--ignore=tests/docs_site"]
     else:
         _install_tests(session, package)
         paths = [f"packages/ciclo-{package}/tests"]
@@ -111,15 +112,53 @@ def extras(session: nox.Session) -> None:
     )  # fmt: skip
 
 
+# Sphinx roles that mkdocstrings would show as text (docs/_ext/griffe_roles.py links them).
+RAW_ROLES = (":func:", ":class:", ":meth:", ":mod:", ":attr:", ":data:", ":exc:", ":obj:")
+
+
 @nox.session(python=PYTHONS[0])
 def docs(session: nox.Session) -> None:
     """The documentation site (mkdocs-material; the API reference generated from the
     docstrings by mkdocstrings, read from the source without importing it), built with
-    warnings as errors into site/. The pages' code blocks run in the integration tests."""
+    warnings as errors into site/, then checked: no raw cross-reference role in its HTML,
+    and two pages opened in headless Chromium (tests/docs_site/; Debian's chromium is
+    installed with apt-get when missing and possible, else the browser test says why it
+    skips). The pages' code blocks run in the integration tests."""
     session.install(*nox.project.dependency_groups(PYPROJECT, "docs"))
+    site = ROOT / "site"
     session.run(
-        "mkdocs", "build", "--strict", "--site-dir", str(ROOT / "site"), *session.posargs,
+        "mkdocs", "build", "--strict", "--site-dir", str(site), *session.posargs,
         env={"NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+    raw = [
+        f"{page.relative_to(site)}: {role}"
+        for page in sorted(site.rglob("*.html"))
+        for role in RAW_ROLES
+        if role in page.read_text(encoding="utf-8")
+    ]
+    if raw:
+        session.error(f"raw cross-reference roles in the built site: {raw[:20]}")
+    _install_chromium(session)
+    session.install(*nox.project.dependency_groups(PYPROJECT, "docs_browser"))
+    session.run(
+        "pytest", "-q", "-p", "no:cacheprovider", "-rs", "tests/docs_site",
+        env={"CICLO_SITE": str(site)},
+    )  # fmt: skip
+
+
+def _install_chromium(session: nox.Session) -> None:
+    """Debian's chromium package for the browser test, when it is missing and this
+    machine has apt-get and root (a CI machine); otherwise the test skips, saying why."""
+    if any(shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")):
+        return
+    if shutil.which("apt-get") is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
+        session.log("no chromium, and no apt-get as root to install it: the browser test skips")
+        return
+    # A failure here only leaves the browser test to skip, saying why.
+    session.run("apt-get", "update", external=True, silent=True, success_codes=[0, 100])
+    session.run(
+        "apt-get", "install", "-y", "--no-install-recommends", "chromium",
+        external=True, silent=True, success_codes=[0, 100],
     )  # fmt: skip
 
 

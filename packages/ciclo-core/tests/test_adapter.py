@@ -305,3 +305,66 @@ def test_a_recorded_name_of_a_state_loss_is_an_error(collection):
     for step in (state.train_step, state.test_step):
         with pytest.raises(ValueError, match=message):
             step((X, Y))
+
+
+# --- a loss or metric that fails -----------------------------------------------------------
+
+
+def test_a_failing_loss_is_named_with_its_convention_the_shapes_and_a_hint():
+    # optax.softmax_cross_entropy takes one-hot targets; these are integer labels
+    state = make_state(losses={"loss": optax.softmax_cross_entropy})
+    with pytest.raises(
+        ValueError,
+        match=r"^FunctionState\.train_step: loss 'loss' \(softmax_cross_entropy\) failed on "
+        r"preds float32\[4, 2\] and targets int32\[4\]: ValueError: .*\n"
+        r"Losses and metrics are called as fn\(preds, targets\), predictions first, and may "
+        r"also take, by name, params .* and state .*: fn\(preds, targets, params\)\. "
+        r"The targets are integer labels int32\[4\] and the preds have one more axis "
+        r"float32\[4, 2\]: use a loss for integer labels "
+        r"\(optax.softmax_cross_entropy_with_integer_labels\), or give one-hot targets "
+        r"\(jax.nn.one_hot\(labels, 2\)\)\.",
+    ):
+        state.train_step((X, Y))
+
+
+def test_a_metric_with_the_wrong_signature_is_named_in_the_test_step_of_the_concrete_class():
+    def recall(targets, preds, threshold):
+        return preds
+
+    state = make_state(metrics={"recall": recall})
+    with pytest.raises(
+        TypeError,
+        match=r"^FunctionState\.test_step: metric 'recall' \(.*recall\) failed on preds "
+        r"float32\[4, 2\] and targets int32\[4\]: TypeError: .*missing 1 required positional "
+        r"argument: 'threshold'\nLosses and metrics are called as fn\(preds, targets\)",
+    ):
+        state.test_step((X, Y))
+    # one-hot targets given to a loss for integer labels
+    with pytest.raises(
+        (TypeError, ValueError), match=r"The targets have the preds' shape float32\[4, 2\]"
+    ):
+        make_state().train_step((X, jax.nn.one_hot(Y, 2)))
+
+
+def test_a_failing_stateful_metric_is_named_with_its_convention():
+    broken = StatefulMetric(
+        init=lambda: jnp.zeros(()),
+        update=lambda m, preds: m,  # forgets targets and sample_weight
+        merge=jnp.add,
+        compute=lambda m: m,
+    )
+    with pytest.raises(
+        TypeError,
+        match=r"metric 'broken' .* failed .*\nA StatefulMetric's update is called as "
+        r"update\(metric_state, preds, targets, sample_weight\)",
+    ):
+        make_state(metrics={"broken": broken}).train_step((X, Y))
+
+
+def test_an_error_in_a_loop_names_the_concrete_state_class():
+    state = make_state(losses={"loss": optax.softmax_cross_entropy})
+    assert type(state).train_step.__qualname__ == "FunctionState.train_step"
+    assert type(state).train_step is type(state).train_step  # one object per class
+    with pytest.raises(ValueError, match=r"^FunctionState\.train_step: loss 'loss'") as info:
+        ciclo.train_loop(state, [(X, Y)] * 2)
+    assert "(in ciclo callback FunctionState.train_step at step 0)" in info.value.__notes__

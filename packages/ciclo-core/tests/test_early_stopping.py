@@ -36,12 +36,12 @@ def run(values, stop=None, epoch_duration=1, test_duration=None, **options):
 def test_patience_is_counted_in_evaluations():
     _, elapsed, stopper, printed = run([1.0, 0.9, 0.95, 0.92, 0.91, 0.5], patience=3)
     assert elapsed.steps == 5
-    assert stopper.stopped_step == 5
+    assert stopper.stopped_step == 4  # labels: the evaluation after the 5th step is step 4
     assert stopper.best == pytest.approx(0.9)
-    assert stopper.best_step == 2
+    assert stopper.best_step == 1
     assert printed.startswith(
-        "early_stopping at step 5: loss_test has not improved by more than 0 for 3 evaluations"
-        " (last 0.91, best 0.9 at step 2)."
+        "early_stopping at step 4: loss_test has not improved by more than 0 for 3 evaluations"
+        " (last 0.91, best 0.9 at step 1)."
     )
 
 
@@ -57,7 +57,7 @@ def test_min_delta_is_honoured():
         [1.0, 0.96, 0.94, 0.93, 0.92, 0.5], patience=2, min_delta=0.05, min_delta_mode="rel"
     )
     assert elapsed.steps == 5
-    assert stopper.best_step == 3
+    assert stopper.best_step == 2
 
 
 def test_restore_best_weights_at_the_end_of_training():
@@ -65,9 +65,9 @@ def test_restore_best_weights_at_the_end_of_training():
         [3.0, 1.0, 2.0, 2.5], patience=2, restore_best_weights=True
     )
     assert elapsed.steps == 4
-    assert stopper.stopped_step == 4
-    assert state == 2  # the state evaluated at the best check, after 2 steps
-    assert "restoring the state of step 2 (loss_test = 1)" in printed
+    assert stopper.stopped_step == 3
+    assert state == 2  # the state evaluated at the best check, after 2 steps (label 1)
+    assert "restoring the state of step 1 (loss_test = 1)" in printed
     # not triggered: the best state is still restored at the end
     state, elapsed, stopper, _ = run([3.0, 1.0, 2.0], patience=10, restore_best_weights=True)
     assert elapsed.steps == 3
@@ -119,13 +119,13 @@ def test_patience_as_a_period():
         [1.0, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0], patience=ciclo.at(steps=3)
     )
     assert elapsed.steps == 5
-    assert "for 3 steps" in printed  # 3 steps since step 2
-    assert stopper.stopped_step == 5
+    assert "for 3 steps" in printed  # 3 steps since step 1
+    assert stopper.stopped_step == 4
 
 
 def test_checks_without_a_new_value_are_skipped():
     _, elapsed, stopper, _ = run([1.0, 2.0, 3.0], patience=2, stop=6, test_duration=2)
-    assert stopper.stopped_step == 6  # the 2nd evaluation without improvement, not 2nd epoch
+    assert stopper.stopped_step == 5  # the 2nd evaluation without improvement, not 2nd epoch
     assert stopper.checks == 3
     assert elapsed.steps == 6  # epochs end at 1..6, evaluations at 2,4,6
 
@@ -135,7 +135,7 @@ def test_state_dict_round_trip():
     saved = stopper.state_dict()
     assert saved == {
         "best": pytest.approx(0.5),
-        "best_step": 2,
+        "best_step": 1,
         "wait": 1,
         "wait_since": saved["wait_since"],
         "checks": 3,
@@ -216,3 +216,38 @@ def test_terminate_on_nan_does_not_fetch_every_step(monkeypatch):
     )
     assert len(calls) == 1  # one check in 30 steps (the first); the loop was not stopped
     assert len(history) == 30
+
+
+def test_a_preempted_run_says_it_is_saved_and_resumes_not_that_it_restores(tmp_path):
+    import signal
+
+    def step(state, batch, elapsed):
+        if elapsed.steps == 4:
+            signal.raise_signal(signal.SIGTERM)  # a preemption notice during step 4
+        return None, state + 1
+
+    values = iter([3.0, 1.0, 2.0, 2.5, 2.6, 2.7])
+    out = io.StringIO()
+    stopper = ciclo.early_stopping("loss_test", 10, restore_best_weights=True, file=out)
+    checkpoint = ciclo.checkpoint(tmp_path)
+    with pytest.raises(SystemExit, match="143"):
+        ciclo.train_loop(
+            0,
+            [np.zeros(1)] * 6,
+            {
+                ciclo.on_train_step: step,
+                ciclo.on_test_step: lambda: ciclo.logs().add_loss("loss", next(values)),
+            },
+            callbacks=[stopper, checkpoint],
+            test_dataset=lambda: [np.zeros(1)],
+            epoch_duration=1,
+        )
+    printed = out.getvalue()
+    assert "restoring" not in printed
+    assert printed == (
+        f"early_stopping: stopped by SIGTERM (checkpoint 5 saved in {checkpoint.directory}). "
+        "The run is interrupted, not finished: it keeps its current state, saved to resume "
+        "from (the same command with resume= continues it); the best state so far, of step 1 "
+        "(loss_test = 1), is restored when training ends.\n"
+    )
+    assert ciclo.restore(checkpoint, 0).state == 5  # the current state, not the best (2)

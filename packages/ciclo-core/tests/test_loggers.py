@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import io
 import os
 import struct
 import sys
@@ -27,11 +28,11 @@ def eval_step(state, batch):
     return ciclo.logs().add_metric("accuracy", state / 10.0)
 
 
-def train(callbacks, steps=6, **options):
+def train(callbacks, steps=6, tasks_extra=None, **options):
     return ciclo.train_loop(
         jnp.float32(0.0),
         [np.zeros((2, 1), np.float32)] * steps,
-        {ciclo.on_train_step: train_step, ciclo.on_test_step: eval_step},
+        {ciclo.on_train_step: train_step, ciclo.on_test_step: eval_step, **(tasks_extra or {})},
         callbacks=callbacks,
         test_dataset=lambda: [np.zeros((2, 1), np.float32)],
         **options,
@@ -135,3 +136,65 @@ def test_history_plot_writes_a_png(tmp_path):
     np.testing.assert_allclose(lines[1].get_ydata(), [0.2, 0.4, 0.6], rtol=1e-6)
     with pytest.raises(KeyError, match=r"history has no key 'los'"):
         history.plot("los")
+
+
+def _epoch_means(history, key, epoch):
+    steps, values = history.collect("steps", key)
+    means, rows = [], list(zip(steps, values, strict=True))
+    for start in range(0, max(steps) + 1, epoch):
+        means.append(np.mean([v for s, v in rows if start <= s < start + epoch]))
+    return means
+
+
+def test_csv_logger_running_mean_writes_epoch_means_of_training_entries(tmp_path):
+    path = tmp_path / "log.csv"
+    out = io.StringIO()
+    bar = ciclo.keras_bar(8, file=out, running_mean=True)
+    _, history, _ = train(
+        [ciclo.csv_logger(path, running_mean=True), bar], steps=8, epoch_duration=4
+    )
+    rows = read_csv(path)
+    loss, accuracy = (_epoch_means(history, key, 4) for key in ("loss", "accuracy"))
+    assert [float(r["loss"]) for r in rows] == pytest.approx(loss)
+    assert [float(r["accuracy"]) for r in rows] == pytest.approx(accuracy)
+    # evaluation entries as they are; the bar's last line shows the same means
+    assert [float(r["accuracy_test"]) for r in rows] == pytest.approx([0.4, 0.8])
+    assert f"loss: {loss[-1]:.4f}" in out.getvalue().splitlines()[-1]
+    # in ciclo.loop: since the loop began, the logs of its call being training entries
+    path = tmp_path / "loop.csv"
+    tasks = {ciclo.every(1): train_step, ciclo.every(3): ciclo.csv_logger(path, running_mean=True)}
+    _, history, _ = ciclo.loop(jnp.float32(0.0), [np.zeros((2, 1), np.float32)] * 6, tasks)
+    losses = history.collect("loss")
+    assert [float(r["loss"]) for r in read_csv(path)] == pytest.approx(
+        [np.mean(losses[:1]), np.mean(losses[:4])]
+    )
+    with pytest.raises(TypeError, match=r"csv_logger: running_mean must be True or False"):
+        ciclo.csv_logger(path, running_mean="yes")
+
+
+def test_csv_logger_running_mean_resumed_within_an_epoch_averages_all_of_it(tmp_path):
+    def run(directory, crash_at=None):
+        def crash(elapsed):
+            if elapsed.steps == crash_at:
+                raise RuntimeError("killed")
+
+        checkpoint = ciclo.checkpoint(directory / "ckpt")
+        return train(
+            [ciclo.csv_logger(directory / "log.csv", running_mean=True)],
+            steps=8,
+            epoch_duration=4,
+            tasks_extra={ciclo.every(1): lambda s, b, e: crash(e), ciclo.every(2): checkpoint},
+            resume=checkpoint,
+        )
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    run(tmp_path / "a")
+    with pytest.raises(RuntimeError, match="killed"):
+        run(tmp_path / "b", crash_at=6)  # saved at step 5 (checkpoint 6), within epoch 2
+    run(tmp_path / "b")
+    resumed, straight = (read_csv(tmp_path / d / "log.csv") for d in "ba")
+    for row in resumed + straight:
+        del row["time"]
+    assert resumed == straight
+    assert len(straight) == 2

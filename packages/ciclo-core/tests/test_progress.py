@@ -135,3 +135,46 @@ def test_bad_totals_are_clear_errors():
         ciclo.keras_bar("100")
     with pytest.raises(ValueError, match=r"interval must be >= 0"):
         ciclo.keras_bar(10, interval=-1)
+
+
+def test_bars_without_a_total_read_it_from_the_loop():
+    def final_line(bar, dataset, **loop_options):
+        ciclo.loop(jnp.float32(0.0), dataset, {ciclo.every(1): train_step, **bar}, **loop_options)
+        return bar.file.getvalue().splitlines()[-1]
+
+    def bar():
+        return ciclo.keras_bar(file=io.StringIO())
+
+    assert final_line(bar(), batches(6)).startswith("6/6 [")  # len(dataset)
+    assert final_line(bar(), iter(batches(20)), stop=8).startswith("8/8 [")  # the loop's stop
+    assert final_line(bar(), batches(20), stop=8).startswith("8/8 [")  # stop before the end
+    line = final_line(bar(), iter(batches(20)), stop=ciclo.at(samples=24))  # its unit
+    assert line.startswith("24/24 [")
+    assert "/sample" in line
+    # continued from a count: the total is where the loop ends
+    line = final_line(bar(), batches(4), elapsed=ciclo.Elapsed.create(steps=10))
+    assert line.startswith("14/14 [")
+    # train_loop passes its stop on; tqdm too
+    out = io.StringIO()
+    ciclo.train_loop(
+        jnp.float32(0.0),
+        iter(batches(20)),
+        {ciclo.on_train_step: train_step},
+        callbacks=[ciclo.tqdm_bar(file=out, ncols=120)],
+        stop=12,
+    )
+    assert "12/12" in out.getvalue().split("\r")[-1]
+
+
+def test_a_bar_without_a_total_in_a_loop_that_cannot_tell_it_says_what_to_pass():
+    with pytest.raises(
+        TypeError,
+        match=r"keras_bar\(\) was given no total, and the loop cannot tell it: it has no stop, "
+        r"and its dataset no len\(\) \(a generator or an iterator\)\. Pass the total, "
+        r"keras_bar\(1000\)",
+    ):
+        ciclo.loop(
+            jnp.float32(0.0),
+            iter(batches(3)),
+            {ciclo.every(1): train_step, **ciclo.keras_bar(file=io.StringIO())},
+        )

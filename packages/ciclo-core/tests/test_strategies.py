@@ -231,3 +231,17 @@ def test_fused_and_accumulated_parallel_steps_equal_jit_steps(strategy):
     assert_params_close(state.params, ref.params)
     assert len(history.collect("loss")) == 8
     assert state.params["w"].shape == (4,)
+
+
+def test_a_batch_that_does_not_divide_over_the_devices_points_to_padding():
+    state = make_state("data-parallel")
+    (batch,) = make_batches(steps=1, batch_size=100)
+    with pytest.raises(
+        ValueError,
+        match=r"data-parallel: batch leaf \[0\] has 100 rows .* does not divide evenly over 8 "
+        r"devices\. Use a batch size that is a multiple of 8, or pad the incomplete last batch "
+        r"to full size with rows of sample_weight 0 and count its real rows with "
+        r"batch_size_fn .* see 'Evaluation sets that do not divide over the devices' in "
+        r"docs/sharding\.md\.",
+    ):
+        regression_step(state, batch)

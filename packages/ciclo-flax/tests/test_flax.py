@@ -318,3 +318,17 @@ def test_eager_strategy_computes_what_jit_does(api):
     np.testing.assert_allclose(eager_logs.losses.loss, jit_logs.losses.loss, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(eager.params), jax.tree.leaves(jitted.params), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_throughput_reads_the_flops_of_an_nnx_states_bound_and_unbound_train_step():
+    x, y = images(64, seed=1)
+    state = ciclo_flax.create_nnx_state(NNXCNN(nnx.Rngs(0)), optax.adam(1e-3), losses={"loss": CE})
+    data = list(batches(x, y, 16))
+    flops = []
+    for form in (state.train_step, type(state).train_step):
+        meter = ciclo.throughput(2, flops_per_step=form)
+        _, history, _ = ciclo.loop(state, data, {ciclo.every(1): state.train_step, **meter})
+        logged = history.collect("flops_per_second")[-1] / history.collect("steps_per_second")[-1]
+        flops.append(logged)
+    assert flops[0] > 0
+    assert flops[0] == pytest.approx(flops[1])

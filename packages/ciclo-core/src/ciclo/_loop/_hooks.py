@@ -27,6 +27,11 @@ never probes a callback with ``hasattr`` elsewhere: it asks the helpers of this 
     along a new first axis and the last state (:func:`is_fusable`, :func:`steps_per_call`;
     the grouping lives in :mod:`ciclo._loop._fusion`).
 
+``__loop_lower__(loop_state)`` (:class:`Lowerable`)
+    A step that compiles its own call (a managed step, bound or not) gives that call on the
+    loop's current state and batch, lowered and not run (a ``jax.stages.Lowered``): what
+    ``throughput(flops_per_step=step)`` reads the FLOPs of a step from (:func:`lowered`).
+
 ``state_dict()`` / ``load_state_dict(state)`` (:class:`Stateful`)
     Callbacks (early stopping...), schedules and datasets that remember something expose
     it as plain Python values and NumPy arrays, so a checkpoint saves it and a resumed run
@@ -61,12 +66,14 @@ __all__ = [
     "Observer",
     "FusableCallback",
     "Stateful",
+    "Lowerable",
     "Spreadable",
     "LoopCallbackBase",
     "is_observer",
     "is_fusable",
     "steps_per_call",
     "end_hook_owners",
+    "lowered",
     "as_stateful",
     "is_stateful",
     "named_hooks",
@@ -115,6 +122,12 @@ class Stateful(Protocol):
     def state_dict(self) -> Mapping[str, Any]: ...
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+class Lowerable(Protocol):
+    """A step that gives its compiled call on the loop's state and batch, lowered."""
+
+    def __loop_lower__(self, loop_state: LoopState) -> Any: ...
 
 
 class Spreadable(Protocol):
@@ -292,6 +305,18 @@ def is_fusable(fn: Any) -> bool:
 def steps_per_call(fn: FusableCallback, loop_state: LoopState) -> int:
     """How many consecutive steps the fusable ``fn`` wants to run in one call."""
     return int(fn.__loop_steps_per_call__(loop_state))
+
+
+def lowered(fn: Any, loop_state: LoopState) -> Any:
+    """The call ``fn`` compiles for the loop's state and batch, lowered
+    (``__loop_lower__``), or ``None`` when ``fn`` does not compile its own call.
+
+    Example:
+        >>> lowered(lambda state, batch: state, None) is None
+        True
+    """
+    lower = getattr(fn, "__loop_lower__", None)
+    return None if lower is None else lower(loop_state)
 
 
 def end_hook_owners(fns: Iterable[Any]) -> list[EndHook]:

@@ -16,8 +16,9 @@ __all__ = ["LoopState", "LoopInputs", "StopArbiter"]
 
 @dataclasses.dataclass
 class LoopInputs:
-    """What a loop was given that only saving and resuming read: its tasks, normalised to
-    ``[(Schedule, [Callback])]``, and its dataset, as given.
+    """What a loop was given that only saving, resuming and progress bars read: its tasks,
+    normalised to ``[(Schedule, [Callback])]``, its dataset and its ``stop``, as given (a bar
+    without a total reads the last two; ``stop`` ``None``: until the dataset ends).
 
     Example:
         >>> LoopInputs(tasks=[], dataset=[1, 2, 3]).dataset
@@ -26,6 +27,7 @@ class LoopInputs:
 
     tasks: Sequence[tuple[Any, Sequence[Any]]] = ()
     dataset: Any = None
+    stop: Any = None
 
 
 class StopArbiter(Protocol):

@@ -159,7 +159,7 @@ def loop(
         elapsed or Elapsed.create(),
         metadata,
         batch_size_fn,
-        inputs=LoopInputs(tasks=task_list, dataset=dataset),
+        inputs=LoopInputs(tasks=task_list, dataset=dataset, stop=stop),
     )
     # 2. Several processes: their decisions are agreed (None with one process).
     agreement = start_agreement(every=agree_every, timeout=fault_timeout)

@@ -455,6 +455,84 @@ def check_options(
     raise unknown_name_error(where, "keyword", unknown[0], sorted(allowed), extra_hint=False)
 
 
+# --- a loss or metric that fails ----------------------------------------------------------
+MSG_FUNCTION_FAILED = (
+    "{step}: {kind} {name!r} ({function}) failed on preds {preds} and targets {targets}: "
+    "{error}\n{convention}{hint}"
+)
+_CONVENTIONS = {
+    "function": (
+        "Losses and metrics are called as fn(preds, targets), predictions first, and may "
+        "also take, by name, params (the trainable parameters) and state (the whole state): "
+        "fn(preds, targets, params)."
+    ),
+    "stateful": (
+        "A StatefulMetric's update is called as update(metric_state, preds, targets, "
+        "sample_weight), sample_weight None or one weight per example."
+    ),
+}
+_INTEGER_LABELS_HINT = (
+    " The targets are integer labels {targets} and the preds have one more axis {preds}: "
+    "use a {kind} for integer labels (optax.softmax_cross_entropy_with_integer_labels), or "
+    "give one-hot targets (jax.nn.one_hot(labels, {classes}))."
+)
+_ONE_HOT_HINT = (
+    " The targets have the preds' shape {preds}: if they are one-hot, use a {kind} for "
+    "one-hot targets (optax.softmax_cross_entropy), or give integer labels (targets.argmax(-1))."
+)
+
+
+def _shapes(tree: Any) -> str:
+    """``float32[8, 3]``, or a pytree of them, for error messages."""
+
+    def one(leaf: Any) -> str:
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if shape is None or dtype is None:
+            return type(leaf).__name__
+        return f"{dtype}[{', '.join(str(d) for d in shape)}]"
+
+    leaves = jax.tree.leaves(tree)
+    if len(leaves) == 1 and not isinstance(tree, Mapping | tuple | list):
+        return one(tree)
+    return str(jax.tree.map(one, tree))
+
+
+def _hint(kind: str, preds: Any, targets: Any) -> str:
+    """A likely cause: integer labels given to a loss for one-hot targets, or the reverse."""
+    p_shape, t_shape = getattr(preds, "shape", None), getattr(targets, "shape", None)
+    t_dtype = getattr(targets, "dtype", None)
+    if p_shape is None or t_shape is None or t_dtype is None:
+        return ""
+    if jnp.issubdtype(t_dtype, jnp.integer) and tuple(p_shape[:-1]) == tuple(t_shape):
+        return _INTEGER_LABELS_HINT.format(
+            targets=_shapes(targets), preds=_shapes(preds), kind=kind, classes=p_shape[-1]
+        )
+    if tuple(p_shape) == tuple(t_shape) and len(p_shape) > 1:
+        return _ONE_HOT_HINT.format(preds=_shapes(preds), kind=kind)
+    return ""
+
+
+def function_failed(
+    error: Exception, step: str, kind: str, name: str, fn: Any, preds: Any, targets: Any
+) -> Exception:
+    """The error to raise when the loss or metric ``name`` failed with ``error``: it names
+    the function, how losses and metrics are called, and the shapes they got (a
+    ``TypeError`` stays one; anything else becomes a ``ValueError``)."""
+    message = MSG_FUNCTION_FAILED.format(
+        step=step,
+        kind=kind,
+        name=name,
+        function=getattr(fn, "__qualname__", None) or type(fn).__name__,
+        preds=_shapes(preds),
+        targets=_shapes(targets),
+        error=f"{type(error).__name__}: {error}",
+        convention=_CONVENTIONS["stateful" if is_stateful_metric(fn) else "function"],
+        # a call with the wrong arguments is not about shapes
+        hint="" if "argument" in str(error) else _hint(kind, preds, targets),
+    )
+    return (TypeError if isinstance(error, TypeError) else ValueError)(message)
+
+
 # --- the state -----------------------------------------------------------------------------
 
 
@@ -580,30 +658,38 @@ class AdapterState(ManagedState):
     def _step_key(self) -> jax.Array | None:
         return None if self.key is None else self.step_key()
 
-    def _evaluate(self: S, batch: Batch, *, training: bool) -> tuple[Logs, S]:
+    def _evaluate(self: S, batch: Batch, *, training: bool, step: str) -> tuple[Logs, S]:
         applied = self.apply(
             self.params, self.model_state, batch.inputs, training=training, key=self._step_key()
         )
         preds, model_state = applied[0], applied[1]
         logs = Logs()
-        w = batch.sample_weight
+        w, targets = batch.sample_weight, batch.targets
+        where = f"{type(self).__name__}.{step}"
         for name, fn in self.losses.items():
-            if isinstance(fn, LibraryFunction):
-                value = fn(preds, batch.targets, sample_weight=w)
-            else:
-                value = self._call_loss(self.losses, name, fn, preds, batch.targets)
+            try:
+                if isinstance(fn, LibraryFunction):
+                    value = fn(preds, targets, sample_weight=w)
+                else:
+                    value = self._call_loss(self.losses, name, fn, preds, targets)
+            except Exception as error:
+                raise function_failed(error, where, "loss", name, fn, preds, targets) from error
             logs.add_loss(name, self._reduce(self.losses, name, value, w, "loss"))
         metric_states = dict(self.metric_states)
         for name, metric in self.metrics.items():
-            if is_stateful_metric(metric):
-                metric_states[name] = metric.update(metric_states[name], preds, batch.targets, w)
-                logs.add_stateful_metric(name, metric.compute(metric_states[name]))
-            else:
+            try:
+                if is_stateful_metric(metric):
+                    metric_states[name] = metric.update(metric_states[name], preds, targets, w)
+                    logs.add_stateful_metric(name, metric.compute(metric_states[name]))
+                    continue
                 if isinstance(metric, LibraryFunction):
-                    value = metric(preds, batch.targets, sample_weight=w, losses=logs.get("losses"))
+                    value = metric(preds, targets, sample_weight=w, losses=logs.get("losses"))
                 else:
-                    value = self._call_loss(self.metrics, name, metric, preds, batch.targets)
-                logs.add_metric(name, self._reduce(self.metrics, name, value, w, "metric"))
+                    value = self._call_loss(self.metrics, name, metric, preds, targets)
+            except Exception as error:
+                failed = function_failed(error, where, "metric", name, metric, preds, targets)
+                raise failed from error
+            logs.add_metric(name, self._reduce(self.metrics, name, value, w, "metric"))
         if len(applied) > 2 and applied[2]:  # logs the model recorded (sown losses)
             logs.merge(self._recorded(applied[2], logs))
         changes: dict[str, Any] = {"metric_states": metric_states}
@@ -658,14 +744,14 @@ class AdapterState(ManagedState):
         """One optimization step on ``batch``; returns ``(logs, new_state)``."""
         self._require_losses("train_step")
         unpacked = self.batch_format.unpack(batch, step=f"{type(self).__name__}.train_step")
-        return self._evaluate(unpacked, training=True)
+        return self._evaluate(unpacked, training=True, step="train_step")
 
     @step
     def test_step(self: S, batch: Any) -> tuple[Logs, S]:
         """Losses and metrics on ``batch`` in evaluation mode; returns ``(logs, state)``
         (only stateful metrics change)."""
         unpacked = self.batch_format.unpack(batch, step=f"{type(self).__name__}.test_step")
-        return self._evaluate(unpacked, training=False)
+        return self._evaluate(unpacked, training=False, step="test_step")
 
     @step
     def predict_step(self: S, batch: Any) -> tuple[Logs, S]:

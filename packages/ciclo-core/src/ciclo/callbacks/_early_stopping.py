@@ -23,6 +23,17 @@ __all__ = ["early_stopping", "terminate_on_nan", "EarlyStopping", "TerminateOnNa
 
 _MISSING: Any = object()
 
+#: How ``stop_reason`` begins after a stop signal or a preemption notice (``_loop/_signals.py``
+#: and ``_loop/_agreed.py``): the run is interrupted, to be resumed, not finished.
+_INTERRUPTED = "stopped by"
+
+MSG_INTERRUPTED = (
+    "early_stopping: {reason}. The run is interrupted, not finished: it keeps its current "
+    "state{saved}; the best state so far, of {best}, is restored when training ends."
+)
+_SAVED = ", saved to resume from (the same command with resume= continues it)"
+_NOT_SAVED = " (no checkpoint saved it: give the loop a ciclo.checkpoint to resume runs)"
+
 
 def _find(logs: Logs, key: str) -> Any:
     """The value of ``key`` in ``logs``, ``_MISSING`` when absent; ambiguity is an error."""
@@ -71,6 +82,13 @@ class EarlyStopping(LoopCallbackBase):
     Hooks: ``on_epoch_end`` (check, after the epoch's evaluation) and ``on_train_end``
     (restore the best state). In :func:`ciclo.loop`, call it under a schedule to check and
     pass ``on_end=stopper.on_train_end`` to restore.
+
+    Attributes:
+        best: the best monitored value so far (``None`` before the first check).
+        best_step: the step label of the best check: the ``elapsed.steps`` of that moment,
+            the ``steps`` of its row in the history and the CSV (the checkpoint saved
+            there is ``best_step + 1``, the steps it holds).
+        stopped_step: the step label of the check that stopped training, or ``None``.
     """
 
     def __init__(
@@ -185,7 +203,8 @@ class EarlyStopping(LoopCallbackBase):
         A missing value is an error when ``strict``; otherwise the check is skipped (in
         ``train_loop``, an epoch without an evaluation).
         """
-        now = loop_state.elapsed_after_step()
+        now = loop_state.elapsed_after_step()  # counts (start_from, a patience period)
+        label = loop_state.elapsed.steps  # the step label of this check, as in the history
         if self.start_from is not None and not now >= self.start_from:
             return
         value = self._value(loop_state, strict=strict)
@@ -198,14 +217,14 @@ class EarlyStopping(LoopCallbackBase):
         if self.restore_best_weights and self.best_weights is None:
             self.best_weights = _copy_tree(loop_state.state)
         if self.improves(value, self.best):
-            self.best, self.best_step = value, now.steps
+            self.best, self.best_step = value, label
             if self.restore_best_weights:
                 self.best_weights = _copy_tree(loop_state.state)
             if self.baseline is None or self.improves(value, self.baseline):
                 self.wait, self.wait_since = 0, counts(now)
                 return
         if self._patience_over(now):
-            self.stopped_step = now.steps
+            self.stopped_step = label
             patience = (
                 f"{self.patience} evaluations"
                 if isinstance(self.patience, int)
@@ -215,7 +234,7 @@ class EarlyStopping(LoopCallbackBase):
             best = "none" if self.best is None else f"{self.best:.6g} at step {self.best_step}"
             _stop(
                 loop_state,
-                f"early_stopping at step {now.steps}: {self.monitor} has not improved by more "
+                f"early_stopping at step {label}: {self.monitor} has not improved by more "
                 f"than {self.min_delta:g} for {patience} (last {value:.6g}, best "
                 f"{best}{baseline}).",
                 self.file,
@@ -234,8 +253,18 @@ class EarlyStopping(LoopCallbackBase):
     def on_train_end(
         self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
     ) -> tuple[None, Any] | None:
-        """Returns the best state when ``restore_best_weights`` (stopped early or not)."""
+        """Returns the best state when ``restore_best_weights`` (stopped early or not).
+
+        A run interrupted by a signal or a preemption notice has not finished: it keeps its
+        current state, which its checkpoint saves and a resumed run continues from.
+        """
         if not self.restore_best_weights or self.best_weights is None:
+            return None
+        reason = loop_state.stop_reason
+        if reason is not None and reason.startswith(_INTERRUPTED):
+            saved = _SAVED if "saved in" in reason else _NOT_SAVED  # see ciclo.checkpoint
+            message = MSG_INTERRUPTED.format(reason=reason, saved=saved, best=self._best_text())
+            _say(message, self.file, self.verbose)
             return None
         if self.best_step is None:  # every check was NaN: nothing is best
             _say(
@@ -245,13 +274,14 @@ class EarlyStopping(LoopCallbackBase):
                 self.verbose,
             )
             return None
-        _say(
-            f"early_stopping: restoring the state of step {self.best_step} "
-            f"({self.monitor} = {self.best:.6g}).",
-            self.file,
-            self.verbose,
-        )
+        restoring = f"early_stopping: restoring the state of {self._best_text()}."
+        _say(restoring, self.file, self.verbose)
         return None, self.best_weights
+
+    def _best_text(self) -> str:
+        if self.best is None:
+            return "no step (no check yet)"
+        return f"step {self.best_step} ({self.monitor} = {self.best:.6g})"
 
     # --- saving ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,8 @@ from .._loop._state import LoopState
 from .._processes._outputs import check_output_process, writes_here
 from .._records import _host
 from .._time._elapsed import Elapsed
-from ._progress import display_values
+from ._progress import latest_entries, named_entries
+from ._running_mean import RunningMean, check_running_mean
 from ._writers import TensorBoardWriter, WriterLogger
 
 __all__ = ["csv_logger", "tensorboard_logger", "CSVLogger", "TensorBoardLogger"]
@@ -28,6 +29,10 @@ class CSVLogger(LoopCallbackBase):
     """Writes one CSV row per call; see :func:`csv_logger`."""
 
     __loop_observer__ = True  # reads the loop only: runs once per fused group
+    #: Only with ``running_mean=True``: the means start again at each epoch, and the
+    #: entries in the logs right after a training step are the training ones.
+    on_epoch_begin: Callable[[Any, Any, Elapsed, LoopState], None]
+    on_train_batch_end: Callable[[Any, Any, Elapsed, LoopState], None]
 
     def __init__(
         self,
@@ -36,10 +41,18 @@ class CSVLogger(LoopCallbackBase):
         separator: str,
         append: bool,
         process: int | None = 0,
+        running_mean: bool = False,
     ) -> None:
         self.path = Path(path)
         self.separator = separator
         self.process = check_output_process(process, "csv_logger")
+        self.running_mean = check_running_mean(running_mean, "csv_logger")
+        self._means = RunningMean() if running_mean else None
+        self._from_step: int | None = None  # where the means start (the epoch's first step)
+        self._in_train_loop = False
+        if running_mean:
+            self.on_epoch_begin = self._epoch_begins
+            self.on_train_batch_end = self._training_step_ends
         self.columns: list[str] = []
         self.rows: list[dict[str, Any]] = []
         self._loaded = not append
@@ -66,13 +79,17 @@ class CSVLogger(LoopCallbackBase):
         """The rows written so far (their count) and the columns: saved with a checkpoint."""
         if not self._loaded and writes_here(self.process):
             self._load()
-        return {"rows": len(self.rows), "columns": list(self.columns)}
+        state: dict[str, Any] = {"rows": len(self.rows), "columns": list(self.columns)}
+        if self._means is not None:  # a run resumed within an epoch averages all of it
+            state["means_from"] = self._from_step
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continues the file of a resumed run: keeps the rows written up to the checkpoint
         and drops those the interrupted run wrote after it (the resumed run writes them
         again), so each row appears exactly once."""
         self._loaded = True
+        self._from_step = state.get("means_from")
         if not writes_here(self.process):
             return
         count, columns = int(state["rows"]), [str(c) for c in state["columns"]]
@@ -95,7 +112,7 @@ class CSVLogger(LoopCallbackBase):
             self._load()
         elapsed = loop_state.elapsed
         row: dict[str, Any] = {c: getattr(elapsed, c) for c in _ELAPSED_COLUMNS}
-        row.update(_host.to_host(display_values(loop_state)))
+        row.update(self._values(loop_state))
         self.rows.append(row)
         new = [c for c in row if c not in self.columns]
         if new or not self.path.exists():
@@ -104,6 +121,35 @@ class CSVLogger(LoopCallbackBase):
         else:
             with self.path.open("a", newline="") as f:
                 self._writer(f).writerow(row)
+
+    def _values(self, loop_state: LoopState) -> dict[str, Any]:
+        """The row's values on the host: the latest of each entry, or with
+        ``running_mean`` the mean of each training entry over the epoch (as the bars')."""
+        latest = latest_entries(loop_state)
+        if self._means is None:
+            return named_entries(_host.to_host(latest))
+        if self._from_step is None:  # no epoch began in this loop: since the loop began
+            self._from_step = loop_state.initial_elapsed.steps
+        if not self._in_train_loop:  # ciclo.loop: the logs of its call are training entries
+            self._means.note(loop_state)
+        return named_entries(self._means.values(loop_state, latest, False, self._from_step))
+
+    def _epoch_begins(
+        self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
+    ) -> None:
+        """``on_epoch_begin`` with ``running_mean=True``: the means start again."""
+        assert self._means is not None
+        self._means.restart(loop_state)
+        self._from_step = loop_state.elapsed.steps
+
+    def _training_step_ends(
+        self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
+    ) -> None:
+        """``on_train_batch_end`` with ``running_mean=True``: the entries logged so far in
+        this step are training entries (evaluations are added after it)."""
+        assert self._means is not None
+        self._in_train_loop = True
+        self._means.note(loop_state)
 
     def _writer(self, f: Any) -> csv.DictWriter[str]:
         return csv.DictWriter(f, self.columns, delimiter=self.separator, restval="")
@@ -130,6 +176,7 @@ def csv_logger(
     separator: str = ",",
     append: bool = False,
     process: int | None = 0,
+    running_mean: bool = False,
 ) -> CSVLogger:
     """Writes a CSV file with one row per epoch (Keras' ``CSVLogger``).
 
@@ -149,6 +196,12 @@ def csv_logger(
         append: continue an existing file instead of replacing it (a resumed run continues
             its file without it).
         process: the process that writes (``None``: every process, each to ``path``).
+        running_mean: write what Keras' ``CSVLogger`` writes, as the bars'
+            ``running_mean=True`` shows: each training loss and metric averaged over the
+            epoch (weighted by samples; in :func:`ciclo.loop`, over the loop so far, the
+            entries logged when the logger is called being the training ones), evaluation
+            entries and ``stateful_metrics`` as they are. The means are read from the
+            history when a row is written, and a resumed run averages the whole epoch.
 
     Returns:
         a callback object: ``callbacks=[ciclo.csv_logger("log.csv")]`` in
@@ -165,7 +218,9 @@ def csv_logger(
         >>> path.read_text().splitlines()[0]
         'steps,samples,time,loss'
     """
-    return CSVLogger(path, separator=separator, append=append, process=process)
+    return CSVLogger(
+        path, separator=separator, append=append, process=process, running_mean=running_mean
+    )
 
 
 class TensorBoardLogger(WriterLogger):

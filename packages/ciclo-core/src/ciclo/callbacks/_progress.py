@@ -8,6 +8,7 @@ without a device sync.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time as _time
@@ -22,12 +23,20 @@ from .._time._elapsed import Elapsed, Period
 from .._time._units import period_unit
 from ._running_mean import RunningMean, check_running_mean
 
-__all__ = ["keras_bar", "tqdm_bar", "display_values"]
+__all__ = ["keras_bar", "tqdm_bar", "latest_entries", "named_entries"]
+
+MSG_NO_TOTAL = (
+    "{what}() was given no total, and the loop cannot tell it: it has no stop, and its "
+    "dataset no len() (a generator or an iterator). Pass the total, {what}(1000) (steps) "
+    "or {what}(ciclo.at(samples=60_000)), or give the loop a stop."
+)
 
 _SHOWN = ("losses", "metrics", "stateful_metrics")
 
 
-def _latest_entries(loop_state: LoopState) -> dict[tuple[str, str], Any]:
+def latest_entries(loop_state: LoopState) -> dict[tuple[str, str], Any]:
+    """The latest value of each scalar loss and metric seen in the loop (this step's
+    included), by ``(collection, name)``, still on device."""
     latest: dict[tuple[str, str], Any] = {}
     for logs in (loop_state.accumulated_logs, loop_state.logs):
         for collection in _SHOWN:
@@ -37,20 +46,13 @@ def _latest_entries(loop_state: LoopState) -> dict[tuple[str, str], Any]:
     return latest
 
 
-def _named(entries: Mapping[tuple[str, str], Any]) -> dict[str, Any]:
+def named_entries(entries: Mapping[tuple[str, str], Any]) -> dict[str, Any]:
     """Entries by name (``collection.name`` when two collections share a name), sorted."""
     names = [name for _, name in entries]
     return {
         (name if names.count(name) == 1 else f"{collection}.{name}"): value
         for (collection, name), value in sorted(entries.items(), key=lambda kv: kv[0][1])
     }
-
-
-def display_values(loop_state: LoopState) -> dict[str, Any]:
-    """The scalar losses and metrics a bar shows: the latest value of each entry seen in
-    the loop (this step's included), named by entry (``collection.name`` when two
-    collections share a name), still on device."""
-    return _named(_latest_entries(loop_state))
 
 
 class Frame(NamedTuple):
@@ -80,14 +82,20 @@ class _Bar(LoopCallbackBase):
 
     def __init__(
         self,
-        total: int | Period,
+        total: int | Period | None,
         interval: float,
         file: IO[str] | None,
         what: str,
         process: int | None = OUTPUT_PROCESS,
         running_mean: bool = False,
     ) -> None:
-        self.unit, self.total = period_unit(total, f"{what}(total)")
+        self.what = what
+        # Without a total, the loop tells it when the bar is first called (see _read_total).
+        self.total_from_loop = total is None
+        if total is None:
+            self.unit, self.total = "steps", math.inf
+        else:
+            self.unit, self.total = period_unit(total, f"{what}(total)")
         self.running_mean = check_running_mean(running_mean, what)
         self._means = RunningMean() if running_mean else None
         self._from_step: int | None = None  # where the means start without an epoch
@@ -107,6 +115,27 @@ class _Bar(LoopCallbackBase):
     @property
     def file(self) -> IO[str]:
         return self._file if self._file is not None else sys.stdout
+
+    def _read_total(self, loop_state: LoopState) -> None:
+        """The total of a bar given none: the loop's ``stop`` (in its unit), else the
+        dataset's ``len()`` in steps (the smaller one when both count steps)."""
+        self.total_from_loop = False
+        stop = loop_state.inputs.stop
+        unit = total = None
+        if stop is not None:
+            # a stop in several units leaves it to the dataset
+            with contextlib.suppress(TypeError, ValueError):
+                unit, total = period_unit(stop, "stop")
+        try:
+            length: int | None = len(loop_state.inputs.dataset)
+        except TypeError:
+            length = None
+        if length is not None and unit in (None, "steps"):
+            end = loop_state.initial_elapsed.steps + length
+            unit, total = "steps", end if total is None else min(total, end)
+        if unit is None or total is None:
+            raise TypeError(MSG_NO_TOTAL.format(what=self.what))
+        self.unit, self.total = unit, total
 
     def _count(self, elapsed: Elapsed) -> float:
         return float(getattr(elapsed, self.unit))
@@ -129,6 +158,8 @@ class _Bar(LoopCallbackBase):
         ``training``: called right after a training step (its logs are training entries)."""
         if self.finished:
             return
+        if self.total_from_loop:
+            self._read_total(loop_state)
         now = _time.monotonic()
         if self._origin is not None and not (final or force) and now < self._next_check:
             return  # the common case: not due yet, nothing to compute
@@ -161,10 +192,10 @@ class _Bar(LoopCallbackBase):
     def _values(self, loop_state: LoopState, training: bool) -> dict[str, Any]:
         """The values to show, on the host: the latest of each entry, or with
         ``running_mean`` the mean of each training entry over the epoch."""
-        latest = _latest_entries(loop_state)
+        latest = latest_entries(loop_state)
         means = self._means
         if means is None:
-            return _named(_host.to_host(latest))
+            return named_entries(_host.to_host(latest))
         by_hand = loop_state is getattr(self, "_by_hand_loop", None)
         if training:
             means.note(loop_state)
@@ -174,9 +205,7 @@ class _Bar(LoopCallbackBase):
                 if self._in_train_loop
                 else loop_state.initial_elapsed.steps  # ciclo.loop: since the loop began
             )
-        latest, fetched = _host.to_host((latest, means.to_fetch(loop_state, by_hand)))
-        latest.update(means.means(loop_state, fetched, by_hand, self._from_step))
-        return _named(latest)
+        return named_entries(means.values(loop_state, latest, by_hand, self._from_step))
 
     def _redraw_interval(self) -> float:
         """Seconds between redraws; never below ``interval``."""
@@ -195,6 +224,8 @@ class _Bar(LoopCallbackBase):
             and loop_state is getattr(self, "_by_hand_loop", None)
         ):
             self._means.keep(loop_state)  # by hand: no history keeps the values
+        if self.total_from_loop:
+            self._read_total(loop_state)
         final = self._count_after_step(loop_state) >= self.total
         self.update(loop_state, final=final, training=True)
 
@@ -214,6 +245,8 @@ class _Bar(LoopCallbackBase):
 
     def on_epoch_end(self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState) -> None:
         # Shows the evaluation's values; at the last step the final line follows anyway.
+        if self.total_from_loop:
+            self._read_total(loop_state)
         if self._count_after_step(loop_state) < self.total:
             self.update(loop_state, force=True)
 
@@ -251,7 +284,7 @@ class KerasBar(_Bar):
 
     def __init__(
         self,
-        total: int | Period,
+        total: int | Period | None = None,
         *,
         interval: float = 0.1,
         plain_interval: float = 10.0,
@@ -317,7 +350,7 @@ class KerasBar(_Bar):
 
 
 def keras_bar(
-    total: int | Period,
+    total: int | Period | None = None,
     *,
     interval: float = 0.1,
     plain_interval: float = 10.0,
@@ -339,6 +372,9 @@ def keras_bar(
 
     Args:
         total: an int (steps) or ``ciclo.at(samples=...)`` / ``ciclo.at(time=seconds)``.
+            By default the loop tells it when the bar is first called: its ``stop`` (in
+            ``train_loop(epochs=N)``, N epochs of the data), else ``len(dataset)`` steps;
+            an error says to pass it when the loop has neither.
         interval: seconds between redraws on a terminal (about 10 per second).
         plain_interval: seconds between lines when not on a terminal (log files, CI); a
             line is also written at each epoch end and at the end.
@@ -393,7 +429,7 @@ class TqdmBar(_Bar):
 
     def __init__(
         self,
-        total: int | Period,
+        total: int | Period | None = None,
         *,
         interval: float = 0.1,
         file: IO[str] | None = None,
@@ -430,7 +466,7 @@ class TqdmBar(_Bar):
 
 
 def tqdm_bar(
-    total: int | Period,
+    total: int | Period | None = None,
     *,
     interval: float = 0.1,
     file: IO[str] | None = None,
@@ -443,7 +479,8 @@ def tqdm_bar(
     ``running_mean=True``, Keras' values: see :func:`keras_bar`).
 
     Args:
-        total: an int (steps) or ``ciclo.at(samples=...)`` / ``ciclo.at(time=seconds)``.
+        total: an int (steps) or ``ciclo.at(samples=...)`` / ``ciclo.at(time=seconds)``;
+            by default the loop's ``stop`` or ``len(dataset)``, as in :func:`keras_bar`.
         interval: seconds between redraws (and between fetches of the values shown).
         file: where to write (tqdm's default, stderr, when ``None``).
         process: with several processes, the one that draws the bar (0 by default), or

@@ -1,4 +1,5 @@
-"""What a bar shows with ``running_mean=True``: Keras' ``Progbar`` values.
+"""What a bar shows and a CSV row holds with ``running_mean=True``: Keras' ``Progbar`` (and
+``CSVLogger``) values.
 
 Each *training* loss and metric shows its mean since the epoch began (in ``ciclo.loop``,
 since the loop began), weighted by samples as ciclo's evaluation means are; everything else
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .._loop._state import LoopState
+from .._records import _host
 from .._records._history import History
 
 __all__ = ["RunningMean", "check_running_mean"]
@@ -128,6 +130,16 @@ class RunningMean:
             if count:
                 out[key] = weighted / weight if weight > 0 else total / count
         return out
+
+    def values(
+        self, loop_state: LoopState, latest: Mapping[Key, Any], by_hand: bool, from_step: int
+    ) -> dict[Key, Any]:
+        """``latest`` (the latest value of each entry, on device) on the host, with each
+        training entry replaced by its mean over the period (this step included): what a
+        bar shows, and a CSV row holds. One transfer."""
+        host, fetched = _host.to_host((dict(latest), self.to_fetch(loop_state, by_hand)))
+        host.update(self.means(loop_state, fetched, by_hand, from_step))
+        return dict(host)
 
     def _read_history(self, loop_state: LoopState, from_step: int) -> None:
         """Adds the rows committed since the last read, up to the current step's."""

@@ -8,13 +8,24 @@ import time as _time
 from collections.abc import Callable
 from typing import Any
 
-from .._loop._hooks import LoopCallbackBase
+from .._loop._hooks import LoopCallbackBase, describe, lowered
 from .._loop._state import LoopState
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed
 from .._time._schedules import Schedule, every
 
 __all__ = ["Throughput", "throughput", "compiled_flops"]
+
+_FORMS = (
+    "a number of FLOPs, a jitted step function (jax.jit), or a managed step "
+    "(state.train_step, type(state).train_step, ciclo.managed.train_step(...))"
+)
+MSG_FLOPS_FAILED = (
+    "throughput(flops_per_step={step}): reading the FLOPs of one step on the loop's state and "
+    "batch failed ({error}). flops_per_step takes " + _FORMS + ": the step must accept "
+    "(state, batch). Or pass the FLOPs as a number (ciclo.callbacks.compiled_flops(step, "
+    "state, batch) computes them)."
+)
 
 
 def compiled_flops(fn: Any, *args: Any, **kwargs: Any) -> float | None:
@@ -31,7 +42,13 @@ def compiled_flops(fn: Any, *args: Any, **kwargs: Any) -> float | None:
         import jax
 
         lower = jax.jit(fn).lower
-    analysis: Any = lower(*args, **kwargs).compile().cost_analysis()
+    return lowered_flops(lower(*args, **kwargs))
+
+
+def lowered_flops(lowered_call: Any) -> float | None:
+    """The FLOPs of a lowered call (``jax.jit(f).lower(...)``), as XLA's ``cost_analysis``
+    of the compiled call reports them (``None`` when it reports none)."""
+    analysis: Any = lowered_call.compile().cost_analysis()
     if isinstance(analysis, list | tuple):  # older jax: one dict per device program
         analysis = analysis[0] if analysis else None
     flops = analysis.get("flops") if isinstance(analysis, dict) else None
@@ -57,6 +74,16 @@ class Throughput(LoopCallbackBase):
                 f"throughput(peak_flops={peak_flops!r}): expected the device's peak FLOP/s "
                 "(a number, e.g. 989e12 for an H100's bf16 dense peak)"
             )
+        if flops_per_step is not None and not callable(flops_per_step):
+            if isinstance(flops_per_step, bool) or not isinstance(flops_per_step, int | float):
+                raise TypeError(
+                    f"throughput(flops_per_step={describe(flops_per_step)}): expected {_FORMS}."
+                )
+            if not flops_per_step > 0:
+                raise ValueError(
+                    f"throughput(flops_per_step={flops_per_step!r}): the FLOPs of a step must "
+                    f"be > 0."
+                )
         self.steps = steps
         self.flops_per_step = flops_per_step
         self.peak_flops = peak_flops
@@ -68,19 +95,37 @@ class Throughput(LoopCallbackBase):
         return every(self.steps)
 
     def _flops(self, loop_state: LoopState) -> float | None:
-        flops = self.flops_per_step
-        if flops is None or isinstance(flops, int | float):
-            return flops
-        # a jitted step: its compiled cost on this loop's state and batch, computed once
-        self.flops_per_step = compiled_flops(flops, loop_state.state, loop_state.batch)
-        return self.flops_per_step
+        """The FLOPs of a step; a step given as ``flops_per_step`` is lowered on the loop's
+        state and batch once, at the first call (when the loop starts)."""
+        step = self.flops_per_step
+        if step is None or isinstance(step, int | float):
+            return step
+        try:
+            call = lowered(step, loop_state)  # a managed step lowers its own compiled call
+            if call is None:
+                flops = compiled_flops(step, loop_state.state, loop_state.batch)
+            else:
+                flops = lowered_flops(call)
+        except Exception as error:
+            name = getattr(step, "__qualname__", None) or describe(step)
+            raise TypeError(
+                MSG_FLOPS_FAILED.format(step=name, error=f"{type(error).__name__}: {error}")
+            ) from error
+        self.flops_per_step = flops
+        return flops
 
     def measure(self, loop_state: LoopState) -> Logs | None:
         """The pace since the previous call (``None`` at the first call, which starts the
-        window, and after a jump back in the count)."""
+        window and reads the FLOPs of a step given as ``flops_per_step``, and after a jump
+        back in the count)."""
         now, elapsed = _time.perf_counter(), loop_state.elapsed
         mark, self._mark = self._mark, (now, elapsed.steps, elapsed.samples)
-        if mark is None or elapsed.steps <= mark[1] or now <= mark[0]:
+        if mark is None:
+            self._flops(loop_state)  # checked when the loop starts, not at the first window
+            now = _time.perf_counter()  # compiling is not part of the window
+            self._mark = (now, elapsed.steps, elapsed.samples)
+            return None
+        if elapsed.steps <= mark[1] or now <= mark[0]:
             return None
         seconds = now - mark[0]
         steps_per_second = (elapsed.steps - mark[1]) / seconds
@@ -126,8 +171,12 @@ def throughput(
     Args:
         steps: the window, in steps (in ``train_loop``; in ``ciclo.loop`` the schedule it is
             put under decides, ``every(steps)`` when spread with ``**``).
-        flops_per_step: the FLOPs of one step, or the jitted step itself: its compiled
-            call's ``cost_analysis`` on the loop's state and batch gives them (see
+        flops_per_step: the FLOPs of one step, or the step itself: a jitted function
+            (``jax.jit``), or a managed step, bound or not (``state.train_step``,
+            ``type(state).train_step``, an adapter's state's ``train_step``). Its compiled
+            call's ``cost_analysis`` on the loop's state and batch gives the FLOPs, read at
+            the first call, when the loop starts: a step that cannot be lowered on them
+            stops the loop there, with an error naming ``throughput`` (see
             :func:`compiled_flops`).
         peak_flops: the devices' peak FLOP/s, for ``mfu``.
         prefix: put before each name (e.g. ``"train_"``).

@@ -414,14 +414,16 @@ class MLflowWriter:
     Args:
         run_id: an existing run to log to (a resumed run passes the run's id); else a run
             is created at the first write.
-        tracking_uri: where runs are stored (e.g. ``"file:///tmp/mlruns"``); default: MLflow's.
+        tracking_uri: where runs are stored: a database (``"sqlite:///mlflow.db"``, what
+            the extra installs for) or a server (``"http://..."``); default: MLflow's.
+            MLflow 3 refuses a ``"file://..."`` store unless ``MLFLOW_ALLOW_FILE_STORE=true``.
         experiment_name: the experiment of a new run (default: MLflow's default).
         run_name: the name of a new run.
 
     In a resumed run (same ``run_id``), steps the run already holds are not logged again.
 
     Example:
-        >>> writer = MLflowWriter(tracking_uri="file:///tmp/mlruns")  # doctest: +SKIP
+        >>> writer = MLflowWriter(tracking_uri="sqlite:///mlflow.db")  # doctest: +SKIP
     """
 
     def __init__(

@@ -459,6 +459,7 @@ class ManagedStep:
     """
 
     __name__: str
+    __qualname__: str
 
     def __init__(
         self,
@@ -479,6 +480,8 @@ class ManagedStep:
         self._compiled = {} if compiled is None else compiled
         # This step's own calls without arguments, by strategy (see __call__).
         self._calls: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
+        self._defined_in: type | None = None  # the class whose body holds it
+        self._inherited: dict[type, ManagedStep] = {}  # as read from subclasses (__get__)
 
     def bind(self, broadcasts: Any = None, statics: Hashable = None) -> ManagedStep:
         """The same step with ``broadcasts`` and ``statics`` fixed: what a loop runs.
@@ -686,6 +689,31 @@ class ManagedStep:
             state, placed, strategy.place_broadcasts(broadcasts)
         )
 
+    def lower(
+        self, state: Any, batch: Any, broadcasts: Any = None, statics: Hashable = None
+    ) -> Any:
+        """The compiled call of one step on ``state`` and ``batch``, lowered and not run (a
+        ``jax.stages.Lowered``, as ``jax.jit(f).lower`` gives): ``.compile().cost_analysis()``
+        gives its FLOPs (see :func:`ciclo.callbacks.compiled_flops`).
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp
+            >>> @ciclo.managed.step
+            ... def total(state, batch):
+            ...     return ciclo.logs().add_metric("total", batch.sum()), state
+            >>> state = ciclo.managed.ManagedState.create(params={}, tx=None)
+            >>> type(total.lower(state, jnp.ones(3))).__name__
+            'Lowered'
+        """
+        strategy = self._strategy_of(state)
+        broadcasts, statics = self._args(broadcasts, statics)
+        compiled = self.compiled_for(strategy, statics=statics)
+        lower = getattr(compiled, "lower", None) or jax.jit(compiled).lower  # eager: not jitted
+        return lower(state, strategy.place_batch(batch), strategy.place_broadcasts(broadcasts))
+
+    def __loop_lower__(self, loop_state: LoopState) -> Any:
+        return self.lower(loop_state.state, loop_state.batch)
+
     def _strategy_of(self, state: Any) -> Strategy:
         strategy = getattr(state, "strategy", None)
         if not isinstance(strategy, Strategy):
@@ -708,10 +736,34 @@ class ManagedStep:
     ) -> tuple[Logs, Any]:
         return self.many(loop_state.state, batches)
 
+    def __set_name__(self, owner: type, name: str) -> None:
+        if self._defined_in is None:
+            self._defined_in = owner
+
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
-            return self
+            if owner is None or self._defined_in in (None, owner):
+                return self
+            return self._as_read_from(owner)
         return _BoundStep(self, instance)
+
+    def _as_read_from(self, owner: type) -> ManagedStep:
+        """This step as ``owner.train_step`` for a subclass ``owner``: the same step
+        (sharing its compiled calls), named after ``owner`` in errors (``NNXState.train_step``,
+        not the base class's name)."""
+        step = self._inherited.get(owner)
+        if step is None:
+            step = ManagedStep(
+                self.fn,
+                differentiate=self.differentiate,
+                broadcasts=self.broadcasts,
+                statics=self.statics,
+                compiled=self._compiled,
+            )
+            step.__qualname__ = f"{owner.__qualname__}.{self.__name__}"
+            step._defined_in = owner
+            self._inherited[owner] = step
+        return step
 
     def __repr__(self) -> str:
         kind = "train_step" if self.differentiate else "step"
@@ -771,6 +823,9 @@ class _BoundStep:
         self, loop_state: LoopState, batches: Sequence[Any]
     ) -> tuple[Logs, Any]:
         return self.step.many(loop_state.state, batches)
+
+    def __loop_lower__(self, loop_state: LoopState) -> Any:
+        return self.step.lower(loop_state.state, loop_state.batch)
 
 
 def _shapes(batch: Any) -> tuple[Any, list[tuple[int, ...]]]:

@@ -168,6 +168,15 @@ def jit(*, donate: bool = False, steps_per_call: int = 1, accumulate_steps: int 
     )
 
 
+MSG_NOT_DIVISIBLE = (
+    "{strategy}: {size}, which does not divide evenly over {shards} devices. Use a batch "
+    "size that is a multiple of {shards}{per_process}, or pad the incomplete last batch to "
+    "full size with rows of sample_weight 0 and count its real rows with batch_size_fn (an "
+    "evaluation then equals one on every example; dropping the batch would leave them out): "
+    "see 'Evaluation sets that do not divide over the devices' in docs/sharding.md."
+)
+
+
 def _check_divisible(strategy: str, batch: Any, shards: int, processes: int) -> None:
     """Every batch leaf with a leading axis must split evenly into ``shards`` parts."""
     for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]:
@@ -185,12 +194,11 @@ def _check_divisible(strategy: str, batch: Any, shards: int, processes: int) -> 
             else:
                 size = f"{where} has {rows} rows (batch size {rows})"
             multiple = shards // np.gcd(shards, processes)
+            per_process = f" (per process: a multiple of {multiple})" if processes > 1 else ""
             raise ValueError(
-                f"{strategy}: {size}, which does not divide evenly over {shards} devices. "
-                f"Use a batch size that is a multiple of {shards}"
-                + (f" (per process: a multiple of {multiple})" if processes > 1 else "")
-                + ", or drop the incomplete last batch (drop_remainder=True in tf.data, "
-                "drop_last=True in a torch DataLoader)."
+                MSG_NOT_DIVISIBLE.format(
+                    strategy=strategy, size=size, shards=shards, per_process=per_process
+                )
             )
 
 
