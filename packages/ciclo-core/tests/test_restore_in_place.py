@@ -116,6 +116,7 @@ def test_a_broken_adapter_is_a_warning_on_resume(monkeypatch):
 
     monkeypatch.setattr(_discovery, "_entry_points", lambda: [Broken()])
     monkeypatch.setattr(_discovery, "_LOADED", {})
+    monkeypatch.setattr(_discovery, "_REGISTERED", {})
     original, new = Box(np.zeros(1)), Box(np.ones(1))
     with pytest.warns(RuntimeWarning, match=r"adapter 'numpy' failed to load .* replaced on"):
         state = restore_in_place([original], [new])

@@ -362,6 +362,7 @@ def test_a_broken_adapter_is_a_warning_and_its_metadata_is_ignored(monkeypatch):
 
     monkeypatch.setattr(_discovery, "_entry_points", lambda: [Broken()])
     monkeypatch.setattr(_discovery, "_LOADED", {})
+    monkeypatch.setattr(_discovery, "_REGISTERED", {})
     with pytest.warns(RuntimeWarning, match=r"adapter 'numpy' failed to load .*broken_adapter"):
         specs = ciclo.managed.partition_specs({"w": jnp.zeros(8)}, fsdp_axis="data")
     assert specs == {"w": P("data")}
@@ -393,6 +394,7 @@ def test_partition_metadata_comes_from_the_adapter_record(monkeypatch):
 
     monkeypatch.setattr(_discovery, "_entry_points", lambda: [Installed()])
     monkeypatch.setattr(_discovery, "_LOADED", {})
+    monkeypatch.setattr(_discovery, "_REGISTERED", {})
     specs = ciclo.managed.partition_specs({"w": Boxed(jnp.zeros((4, 8)))})
     assert specs["w"].value == P(None, "data")
 

@@ -131,8 +131,9 @@ def get_adapter(name: str) -> Adapter:
         ...
         ciclo._plugins._discovery.AdapterNotInstalledError: no ciclo adapter named ...
     """
-    if name in _LOADED:
-        return _LOADED[name]
+    adapter = _LOADED.get(name) or _REGISTERED.get(name)
+    if adapter is not None:
+        return adapter
     found = [ep for ep in _entry_points() if ep.name == name]
     if not found:
         raise AdapterNotInstalledError(
