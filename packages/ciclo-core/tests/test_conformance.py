@@ -11,7 +11,8 @@ import pytest
 
 import ciclo
 import ciclo.testing
-from ciclo.adapters import FunctionState, _discovery
+from ciclo._plugins import _discovery
+from ciclo.adapters import FunctionState
 from ciclo.testing import CLASSES, FEATURES
 
 

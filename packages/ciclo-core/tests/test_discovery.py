@@ -8,7 +8,8 @@ import sys
 import pytest
 
 import ciclo
-from ciclo.adapters import Adapter, AdapterLoadError, AdapterNotInstalledError, _discovery
+from ciclo._plugins import _discovery
+from ciclo.adapters import Adapter, AdapterLoadError, AdapterNotInstalledError
 
 
 class FakeEntryPoint:
@@ -29,6 +30,9 @@ def entry_points(monkeypatch):
     monkeypatch.setattr(_discovery, "_entry_points", lambda: points)
     monkeypatch.setattr(_discovery, "_LOADED", {})
     monkeypatch.setattr(_discovery, "_REGISTERED", {})
+    monkeypatch.setattr(
+        _discovery, "_REGISTERED_EXTRAS", {"restore_in_place": {}, "partition_metadata": {}}
+    )
     return points
 
 
@@ -175,3 +179,64 @@ def test_importing_ciclo_imports_no_adapter_and_no_framework():
         "assert not bad and not calls, (bad, calls)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- the extras an adapter's record carries ------------------------------------------------
+class Annotated:
+    pass
+
+
+def test_an_adapter_record_checks_its_extras():
+    make = dict(name="fakeframework", distribution="x", handles=bool, create_state=print)
+    with pytest.raises(
+        TypeError,
+        match=r"Adapter\('fakeframework'\): restore_in_place maps classes to functions "
+        r"\(\(original, restored\) -> None\), got 'Annotated'",
+    ):
+        Adapter(**make, restore_in_place={"Annotated": print})
+    with pytest.raises(
+        TypeError, match=r"partition_metadata maps classes to functions .*got <class .*: None"
+    ):
+        Adapter(**make, partition_metadata={Annotated: None})
+
+
+def test_extras_come_from_imported_and_registered_adapters_only(entry_points):
+    loads = []
+
+    def installed(name):
+        record = Adapter(
+            name=name,
+            distribution=f"ciclo-{name}",
+            handles=bool,
+            create_state=print,
+            partition_metadata={Annotated: lambda node: name},
+        )
+        return FakeEntryPoint(name, lambda: loads.append(name) or record)
+
+    entry_points.append(installed("notimported"))  # its framework is not imported: never loaded
+    entry_points.append(installed("sys"))
+    table, broken = _discovery.extras("partition_metadata")
+    assert loads == ["sys"]
+    assert table[Annotated](None) == "sys"
+    assert broken == {}
+    ciclo.adapters.register_adapter(
+        Adapter(
+            name="script",
+            distribution="none",
+            handles=bool,
+            create_state=print,
+            restore_in_place={Annotated: print},
+        )
+    )
+    assert _discovery.extras("restore_in_place") == ({Annotated: print}, {})
+
+
+def test_a_broken_adapter_is_reported_by_extras_not_raised(entry_points):
+    def broken():
+        raise ImportError("no module named fake_adapter")
+
+    entry_points.append(FakeEntryPoint("sys", broken))
+    table, broken_adapters = _discovery.extras("restore_in_place")
+    assert table == {}
+    assert list(broken_adapters) == ["sys"]
+    assert "no module named fake_adapter" in broken_adapters["sys"]

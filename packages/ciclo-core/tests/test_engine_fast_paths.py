@@ -9,13 +9,13 @@ import pytest
 
 import ciclo
 from ciclo._loop._hooks import (
-    as_logs,
     as_stateful,
     end_hook_owners,
     is_fusable,
     is_observer,
     is_stateful,
 )
+from ciclo._loop._returns import as_logs
 from ciclo._time._elapsed import default_batch_size
 from ciclo._time._schedules import _Every
 

@@ -351,22 +351,52 @@ def test_names_are_registered():
     assert ciclo.managed.get_strategy("fsdp").name == "fsdp"
 
 
-def test_a_broken_metadata_entry_point_is_a_warning(monkeypatch):
-    import importlib.metadata
+def test_a_broken_adapter_is_a_warning_and_its_metadata_is_ignored(monkeypatch):
+    from ciclo._plugins import _discovery
 
-    from ciclo.managed import _sharding
-
-    class Broken:
-        name, value = "broken", "broken_adapter:register"
+    class Broken:  # an installed adapter of a framework that is imported (numpy)
+        name, value, dist = "numpy", "broken_adapter:adapter", None
 
         def load(self):
             raise ImportError("no module named broken_adapter")
 
-    monkeypatch.setattr(_sharding, "_loaded_entry_points", False)
-    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [Broken()])
-    with pytest.warns(RuntimeWarning, match=r"reader 'broken' \(broken_adapter:register\) fail"):
+    monkeypatch.setattr(_discovery, "_entry_points", lambda: [Broken()])
+    monkeypatch.setattr(_discovery, "_LOADED", {})
+    monkeypatch.setattr(_discovery, "_REGISTERED", {})
+    with pytest.warns(RuntimeWarning, match=r"adapter 'numpy' failed to load .*broken_adapter"):
         specs = ciclo.managed.partition_specs({"w": jnp.zeros(8)}, fsdp_axis="data")
     assert specs == {"w": P("data")}
+
+
+def test_partition_metadata_comes_from_the_adapter_record(monkeypatch):
+    from ciclo._plugins import _discovery
+
+    class Boxed:  # a framework's annotated node, known only to its adapter's record
+        def __init__(self, value):
+            self.value = value
+
+    jax.tree_util.register_pytree_node(
+        Boxed, lambda b: ((b.value,), None), lambda _, children: Boxed(children[0])
+    )
+    adapter = ciclo.adapters.Adapter(
+        name="numpy",  # a framework that is imported
+        distribution="ciclo-numpy",
+        handles=lambda model: False,
+        create_state=lambda model: None,
+        partition_metadata={Boxed: lambda node: P(None, "data")},
+    )
+
+    class Installed:
+        name, value, dist = "numpy", "ciclo_numpy:adapter", None
+
+        def load(self):
+            return adapter
+
+    monkeypatch.setattr(_discovery, "_entry_points", lambda: [Installed()])
+    monkeypatch.setattr(_discovery, "_LOADED", {})
+    monkeypatch.setattr(_discovery, "_REGISTERED", {})
+    specs = ciclo.managed.partition_specs({"w": Boxed(jnp.zeros((4, 8)))})
+    assert specs["w"].value == P(None, "data")
 
 
 def test_a_rules_function_must_return_partition_specs():

@@ -12,7 +12,8 @@ from flax import nnx
 
 import ciclo
 import ciclo_flax
-from ciclo.adapters import AdapterNotInstalledError, _discovery
+from ciclo._plugins import _discovery
+from ciclo.adapters import AdapterNotInstalledError
 from ciclo.testing import accuracy, batches
 from ciclo.testing import image_data as images
 

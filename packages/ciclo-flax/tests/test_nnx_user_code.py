@@ -169,7 +169,7 @@ def test_an_nnx_own_step_run_killed_and_resumed_ends_equal_to_an_uninterrupted_o
 
 def test_without_importing_ciclo_flax_the_entry_point_restores_in_place(tmp_path):
     # The tutorial's code imports flax and ciclo only: core finds the in-place restore of
-    # NNX objects through the ciclo.restore_in_place entry point.
+    # NNX objects on the flax adapter's record, loaded through the ciclo.adapters entry point.
     code = OWN_STEPS + textwrap.dedent(
         f"""
         import sys

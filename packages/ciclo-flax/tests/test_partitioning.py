@@ -153,25 +153,23 @@ def test_an_nnx_model_with_sharding_annotations_trains_without_rules():
     close(state.params, ref.params)
 
 
-def test_importing_ciclo_flax_registers_the_readers():
+def test_the_readers_are_on_the_adapter_record_not_registered_on_import():
     from flax.core import meta
 
-    from ciclo.managed import _sharding
+    from ciclo._plugins import _discovery
 
-    assert meta.Partitioned in _sharding._READERS
-    assert nnx.Variable in _sharding._READERS
-    assert ciclo_flax.__name__ == "ciclo_flax"
+    assert set(ciclo_flax.adapter.partition_metadata) == {meta.Partitioned, nnx.Variable}
+    assert not [t for t in _discovery.registered_extras() if t.__module__.startswith("flax")]
 
 
 def test_core_finds_the_readers_through_the_entry_point(monkeypatch):
-    from ciclo.managed import _sharding
+    from ciclo._plugins import _discovery
 
-    # As in a process that never imported ciclo_flax: no readers, entry points not loaded.
-    monkeypatch.setattr(_sharding, "_READERS", {})
-    monkeypatch.setattr(_sharding, "_loaded_entry_points", False)
+    # As in a process that never asked for the flax adapter: nothing loaded yet.
+    monkeypatch.setattr(_discovery, "_LOADED", {})
     boxed = nn.Partitioned(jnp.zeros((8, 16)), names=(None, "data"))
     assert ciclo.managed.partition_specs({"k": boxed})["k"].value == P(None, "data")
-    assert nn.Partitioned in _sharding._READERS
+    assert _discovery._LOADED["flax"] is ciclo_flax.adapter
 
 
 # --- the adapter's states -----------------------------------------------------------------

@@ -12,7 +12,8 @@ import pytest
 
 import ciclo
 import ciclo_haiku
-from ciclo.adapters import AdapterNotInstalledError, _discovery
+from ciclo._plugins import _discovery
+from ciclo.adapters import AdapterNotInstalledError
 
 CE = optax.softmax_cross_entropy_with_integer_labels
 LOSSES = {"loss": CE}

@@ -9,8 +9,6 @@ Example:
     'flax'
 """
 
-from . import _in_place as _in_place  # registers NNX objects for in-place restore
-from . import _partitioning as _partitioning  # registers Flax's partitioning metadata
 from ._adapter import adapter as adapter
 from ._linen import FlaxState as FlaxState
 from ._linen import create_state as create_state

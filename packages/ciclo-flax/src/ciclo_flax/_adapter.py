@@ -1,4 +1,6 @@
-"""The record core finds under the ``ciclo.adapters`` entry-point group."""
+"""The record core finds under the ``ciclo.adapters`` entry-point group: the factories, and
+the extras core reads when flax is imported (NNX objects restored in place, Flax's
+partitioning metadata)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ from flax import nnx
 
 import ciclo
 
+from ._in_place import RESTORE_IN_PLACE
 from ._linen import create_state as create_linen_state
 from ._nnx import create_nnx_state
+from ._partitioning import PARTITION_METADATA
 
 __all__ = ["adapter"]
 
@@ -32,4 +36,6 @@ adapter = ciclo.adapters.Adapter(
     handles=_handles,
     create_state=_create_state,
     factories={"create_nnx_state": create_nnx_state},
+    restore_in_place=RESTORE_IN_PLACE,
+    partition_metadata=PARTITION_METADATA,
 )

@@ -4,8 +4,8 @@ Linen's ``nn.with_partitioning`` / ``nn.with_logical_partitioning`` box paramete
 ``nn.Partitioned`` / ``nn.LogicallyPartitioned``; NNX keeps ``out_sharding`` (and
 ``sharding_rules``) in each ``nnx.Variable``'s metadata. Both are pytree nodes that wrap the
 arrays, so they travel with the parameters into gradients and optimizer states;
-:func:`register` teaches ``ciclo.managed.sharded`` / ``fsdp`` to read them, so an annotated
-model needs no rules.
+:data:`PARTITION_METADATA`, on the adapter's record, teaches ``ciclo.managed.sharded`` /
+``fsdp`` to read them, so an annotated model needs no rules.
 """
 
 from __future__ import annotations
@@ -13,13 +13,22 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+from flax import nnx
+from flax.core import meta
 
-import ciclo
-
-__all__ = ["register"]
+__all__ = ["PARTITION_METADATA"]
 
 
 def _linen_spec(node: Any) -> jax.sharding.PartitionSpec:
+    """The ``PartitionSpec`` of a Linen ``nn.Partitioned`` box (logical names through the
+    rules of the box, else of ``nn.logical_axis_rules(...)``).
+
+    Example:
+        >>> import ciclo, ciclo_flax, flax.linen as nn, jax.numpy as jnp
+        >>> boxed = nn.Partitioned(jnp.zeros((8, 4)), names=("data", None))
+        >>> ciclo.managed.partition_specs({"kernel": boxed})["kernel"].value
+        P('data',)
+    """
     import flax.linen as nn
 
     if isinstance(node, nn.LogicallyPartitioned):
@@ -35,22 +44,6 @@ def _nnx_spec(variable: Any) -> jax.sharding.PartitionSpec | None:
     return spmd.get_var_pspec(variable)
 
 
-def register() -> None:
-    """Registers Flax's annotated nodes with :func:`ciclo.managed.register_partition_metadata`
-    (done on ``import ciclo_flax``, and by core through the ``ciclo.partition_metadata``
-    entry point when a sharded strategy first places a state).
-
-    Example:
-        >>> import ciclo, ciclo_flax, flax.linen as nn, jax.numpy as jnp
-        >>> boxed = nn.Partitioned(jnp.zeros((8, 4)), names=("data", None))
-        >>> ciclo.managed.partition_specs({"kernel": boxed})["kernel"].value
-        P('data',)
-    """
-    from flax import nnx
-    from flax.core import meta
-
-    ciclo.managed.register_partition_metadata(meta.Partitioned, _linen_spec)
-    ciclo.managed.register_partition_metadata(nnx.Variable, _nnx_spec)
-
-
-register()  # on import of ciclo_flax
+#: Flax's annotated nodes, each with how its ``PartitionSpec`` is read
+#: (``Adapter.partition_metadata``).
+PARTITION_METADATA: dict[type, Any] = {meta.Partitioned: _linen_spec, nnx.Variable: _nnx_spec}

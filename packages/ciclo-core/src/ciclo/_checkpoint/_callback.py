@@ -11,7 +11,7 @@ from typing import Any
 
 import jax
 
-from .._loop._hooks import LoopCallbackBase
+from .._loop._base import LoopCallbackBase
 from .._loop._state import LoopState
 from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records import _host

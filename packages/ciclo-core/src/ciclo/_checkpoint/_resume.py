@@ -24,10 +24,10 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from .._loop._hooks import restore_in_place
 from .._loop._state import LoopState
 from .._records._logs import Logs
 from . import _format
+from ._in_place import restore_in_place
 
 __all__ = ["resume", "load_tasks", "skip_consumed"]
 

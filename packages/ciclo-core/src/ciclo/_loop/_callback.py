@@ -10,18 +10,16 @@ import functools
 import inspect
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._records._logs import Logs
-from ._hooks import NO_CHANGE, LoopCallback, is_fusable, is_observer, parse_return
+from ._hooks import LoopCallback, is_fusable, is_observer
 from ._naming import callback_name
-
-if TYPE_CHECKING:
-    from ._state import LoopState
+from ._returns import NO_CHANGE, parse_return
+from ._state import LoopState
 
 __all__ = [
     "Callback",
-    "callback_name",
     "positional_arity",
     "check_single_argument",
     "is_periodic_action",
@@ -222,7 +220,7 @@ class Callback:
 
     def parse(self, out: Any) -> tuple[Logs | None, Any]:
         """Validates a return value; returns ``(logs or None, state or NO_CHANGE)`` (the
-        rules are :func:`~ciclo._loop._hooks.parse_return`)."""
+        rules are :func:`~ciclo._loop._returns.parse_return`)."""
         return parse_return(out, f"callback {self.name}")
 
 

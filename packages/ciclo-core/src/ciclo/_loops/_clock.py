@@ -35,7 +35,7 @@ class EpochClock:
     it, so the order in which they are asked does not matter.
 
     Args:
-        epoch: the epoch's ``(unit, amount)`` (see ``_time._units.period_unit``), or ``None`` when
+        epoch: the epoch's ``(unit, amount)`` (see ``_time._periods.period_unit``), or ``None`` when
             the whole run is one epoch.
         tests: ``{name: (unit, amount) or None}``, each evaluation set's own period.
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .._time._units import period_unit
+from .._time._periods import period_unit
 
 __all__ = ["EvaluationSet", "dataset_factory", "dataset_label", "evaluation_sets"]
 

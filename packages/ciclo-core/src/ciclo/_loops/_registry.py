@@ -18,8 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._loop._callback import callback_name, positional_arity
-from .._loop._hooks import LoopCallback, LoopCallbackBase, named_hooks
+from .._loop._base import LoopCallbackBase
+from .._loop._callback import positional_arity
+from .._loop._hooks import LoopCallback, named_hooks
+from .._loop._naming import callback_name
 from .._loop._state import LoopState
 from .._time._schedules import always
 from ._named import NAMED_SCHEDULES, STATE_METHODS, NamedSchedule, named_schedule, owner

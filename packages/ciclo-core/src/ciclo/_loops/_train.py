@@ -11,8 +11,8 @@ from .._loop._state import LoopState
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period
+from .._time._periods import period_unit
 from .._time._schedules import always
-from .._time._units import period_unit
 from ..callbacks._inner_loop import inner_loop
 from ._clock import EpochClock
 from ._evaluation import EvaluationSet, dataset_label, evaluation_sets

@@ -13,6 +13,7 @@ import numpy as np
 from .._time._elapsed import Elapsed
 from . import _host
 from ._logs import Logs
+from ._plot import plot_history
 
 __all__ = ["History", "history"]
 
@@ -574,9 +575,7 @@ class History:
         Example:
             >>> history.plot("loss", "accuracy_test", path="run.png")  # doctest: +SKIP
         """
-        from ._plot import plot_history
-
-        return plot_history(self, keys, path=path, x=x, title=title)
+        return plot_history(self.collect, keys, path=path, x=x, title=title)
 
     def __repr__(self) -> str:
         return f"History({self._num_rows} rows, keys={sorted(self._columns)})"

@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from ._history import History
+from collections.abc import Callable, Sequence
+from typing import Any
 
 __all__ = ["plot_history"]
 
 
 def plot_history(
-    history: History,
+    collect: Callable[[str, str], Any],
     keys: Sequence[str | Sequence[str]],
     *,
     path: str | os.PathLike[str] | None = None,
     x: str = "steps",
     title: str | None = None,
 ) -> Any:
-    """Plots ``keys`` over ``x``, one panel per key (a tuple of keys shares a panel).
+    """Plots ``keys`` over ``x``, one panel per key (a tuple of keys shares a panel);
+    ``collect(x, key)`` gives the values (``History.collect``).
 
     Returns the ``matplotlib.figure.Figure``; with ``path`` it is also saved (PNG for a
     ``.png`` name). No pyplot state is touched, so it works without a display.
@@ -36,7 +34,7 @@ def plot_history(
     axes = figure.subplots(len(panels), 1, squeeze=False, sharex=True)[:, 0]
     for ax, panel in zip(axes, panels, strict=True):
         for key in panel:
-            xs, ys = history.collect(x, key)
+            xs, ys = collect(x, key)
             ax.plot(xs, ys, label=key, marker="." if len(xs) < 50 else None)
         ax.set_ylabel(panel[0] if len(panel) == 1 else "value")
         if len(panel) > 1:

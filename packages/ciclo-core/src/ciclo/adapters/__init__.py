@@ -13,10 +13,17 @@ Example:
     Batch(inputs=1, targets=2, sample_weight=None)
 """
 
-from .._loop._hooks import register_restore_in_place as register_restore_in_place
+from .._checkpoint._in_place import register_restore_in_place as register_restore_in_place
+from .._plugins._discovery import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
+from .._plugins._discovery import AdapterLoadError as AdapterLoadError
+from .._plugins._discovery import AdapterNotInstalledError as AdapterNotInstalledError
+from .._plugins._discovery import adapter_for as adapter_for
+from .._plugins._discovery import get_adapter as get_adapter
+from .._plugins._discovery import installed_adapters as installed_adapters
+from .._plugins._discovery import register_adapter as register_adapter
+from .._plugins._record import Adapter as Adapter
 from ._adapter import BATCH_OPTIONS as BATCH_OPTIONS
 from ._adapter import STATIC as STATIC
-from ._adapter import Adapter as Adapter
 from ._adapter import AdapterState as AdapterState
 from ._adapter import Batch as Batch
 from ._adapter import BatchFormat as BatchFormat
@@ -28,13 +35,6 @@ from ._adapter import check_options as check_options
 from ._adapter import is_stateful_metric as is_stateful_metric
 from ._adapter import mean_metric as mean_metric
 from ._adapter import reduce_values as reduce_values
-from ._discovery import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
-from ._discovery import AdapterLoadError as AdapterLoadError
-from ._discovery import AdapterNotInstalledError as AdapterNotInstalledError
-from ._discovery import adapter_for as adapter_for
-from ._discovery import get_adapter as get_adapter
-from ._discovery import installed_adapters as installed_adapters
-from ._discovery import register_adapter as register_adapter
 from ._training import AUTO as AUTO
 from ._training import EXTRAS as EXTRAS
 from ._training import INVERTED_FLAGS as INVERTED_FLAGS

@@ -30,7 +30,6 @@ from ._libraries import LibraryFunction, from_libraries
 from ._training import requested_extras
 
 __all__ = [
-    "Adapter",
     "AdapterState",
     "Batch",
     "BatchFormat",
@@ -799,47 +798,3 @@ class FunctionState(AdapterState):
         self, params: Any, model_state: Any, inputs: Any, *, training: bool, key: jax.Array | None
     ) -> tuple[Any, Any]:
         return self.apply_fn(params, model_state, inputs, training=training, key=key)
-
-
-# --- the registration record ---------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Adapter:
-    """What an adapter package registers under the ``ciclo.adapters`` entry-point group.
-
-    The entry point's name is the import name of the framework (``flax``, ``haiku``,
-    ``equinox``): :func:`ciclo.create_state` only loads adapters whose framework is already
-    imported, so building a state never imports another framework.
-
-    Attributes:
-        name: the framework's import name (the entry point's name).
-        distribution: the adapter's pip name, for error messages (``"ciclo-flax"``).
-        handles: ``model -> bool``: whether :attr:`create_state` accepts this model.
-        create_state: ``create_state(model, ...)``, the factory :func:`ciclo.create_state`
-            forwards to.
-        factories: other public factories by name (``{"create_nnx_state": ...}``), found
-            by the lazy forwards of ``ciclo``.
-
-    Example (in ``my_adapter/__init__.py``, with ``[project.entry-points."ciclo.adapters"]
-    myframework = "my_adapter:adapter"`` in its ``pyproject.toml``)::
-
-        adapter = ciclo.adapters.Adapter(
-            name="myframework",
-            distribution="ciclo-myframework",
-            handles=lambda model: isinstance(model, myframework.Module),
-            create_state=create_state,
-        )
-    """
-
-    name: str
-    distribution: str
-    handles: Callable[[Any], bool]
-    create_state: Callable[..., Any]
-    factories: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)
-
-    def factory(self, name: str) -> Callable[..., Any] | None:
-        """The factory called ``name`` (``"create_state"`` or one of :attr:`factories`)."""
-        if name == "create_state":
-            return self.create_state
-        return self.factories.get(name)

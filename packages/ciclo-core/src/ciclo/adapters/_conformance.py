@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
@@ -17,11 +18,15 @@ except ImportError as error:  # pragma: no cover - pytest is a test dependency
         "ciclo.testing runs the adapter conformance suite with pytest: pip install pytest"
     ) from error
 
+from .._checkpoint._callback import checkpoint
+from .._checkpoint._restore import restore
 from .._loops._loop import loop
+from .._loops._predict import predict_loop
+from .._loops._train import train_loop
+from .._plugins._discovery import adapter_for, get_adapter, registered_extras
 from .._records._logs import Logs
 from .._time._schedules import every
 from ._adapter import AdapterState, mean_metric
-from ._discovery import adapter_for, get_adapter
 
 __all__ = [
     "CLASSES",
@@ -224,8 +229,9 @@ class AdapterConformance:
 
     # --- checks ----------------------------------------------------------------------------
     def test_create_state(self) -> None:
-        """create_state builds an AdapterState (a pytree with a fresh optimizer), and the
-        adapter is registered and picked for the model by ciclo.create_state."""
+        """create_state builds an AdapterState (a pytree with a fresh optimizer), the adapter
+        is registered and picked for the model by ciclo.create_state, and it registers
+        nothing on import (its extras are on its record)."""
         self._check("create_state")
         model = self.make_model()
         state = self.create_state(model, tx=ADAM, losses=LOSSES, metrics=METRICS, key=0)
@@ -242,6 +248,11 @@ class AdapterConformance:
         assert type(rebuilt) is type(state)
         assert get_adapter(self.adapter).name == self.adapter
         assert adapter_for(model).name == self.adapter
+        # One plugin mechanism: an adapter's extras are on its record, not registered on
+        # import (core reads the record's when it needs them).
+        framework = self.adapter.split(".")[0]
+        on_import = [t for t in registered_extras() if t.__module__.split(".")[0] == framework]
+        assert not on_import, f"registered on import: {on_import}; declare them on the Adapter"
 
     def test_steps_as_methods(self) -> None:
         """``logs, state = state.train_step(batch)``, and test/predict steps the same way."""
@@ -290,9 +301,6 @@ class AdapterConformance:
         """``ciclo.train_loop`` trains and evaluates after each epoch with the state's own
         steps; ``ciclo.predict_loop`` collects the predictions."""
         self._check("train_loop")
-        from .._loops._predict import predict_loop
-        from .._loops._train import train_loop
-
         state, history, elapsed = train_loop(
             self.state(),
             list(_batches(8, BATCH, seed=4)),
@@ -515,12 +523,6 @@ class AdapterConformance:
         (``resume=``) ends exactly like an uninterrupted run of 8 steps, history included;
         ``ciclo.restore`` gives the same state back."""
         self._check("checkpoint")
-        import tempfile
-
-        from .._checkpoint._callback import checkpoint
-        from .._checkpoint._restore import restore
-        from .._loops._train import train_loop
-
         batches = list(_batches(8, BATCH, seed=7))
         reference, reference_history, _ = train_loop(self.state(), batches, stop=8)
         with tempfile.TemporaryDirectory() as tmp:

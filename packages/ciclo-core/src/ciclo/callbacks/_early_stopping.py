@@ -12,12 +12,12 @@ from typing import IO, Any, Literal
 import jax
 import numpy as np
 
-from .._loop._hooks import LoopCallbackBase
+from .._loop._base import LoopCallbackBase
 from .._loop._state import LoopState
 from .._records import _host
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period, as_period
-from .._time._units import counted_fields, counts
+from .._time._periods import counted_fields, counts
 
 __all__ = ["early_stopping", "terminate_on_nan", "EarlyStopping", "TerminateOnNaN"]
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .._loop._hooks import LoopCallbackBase
+from .._loop._base import LoopCallbackBase
 from .._loop._state import LoopState
 from .._processes._outputs import check_output_process, writes_here
 from .._records import _host

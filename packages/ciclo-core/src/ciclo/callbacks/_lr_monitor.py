@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from .._loop._hooks import LoopCallbackBase
+from .._loop._base import LoopCallbackBase
 from .._loop._state import LoopState
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed

@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from .._loop._hooks import LoopCallbackBase
+from .._loop._base import LoopCallbackBase
 from .._loop._state import LoopState
 from .._processes._outputs import check_output_process, writes_here
 from .._time._elapsed import Elapsed

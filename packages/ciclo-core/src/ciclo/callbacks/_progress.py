@@ -15,12 +15,12 @@ import time as _time
 from collections.abc import Callable, Mapping
 from typing import IO, Any, NamedTuple
 
-from .._loop._hooks import LoopCallbackBase
+from .._loop._base import LoopCallbackBase
 from .._loop._state import LoopState
 from .._processes._outputs import OUTPUT_PROCESS, check_output_process, writes_here
 from .._records import _host
 from .._time._elapsed import Elapsed, Period
-from .._time._units import period_unit
+from .._time._periods import period_unit
 from ._running_mean import RunningMean, check_running_mean
 
 __all__ = ["keras_bar", "tqdm_bar", "latest_entries", "named_entries"]

@@ -8,7 +8,9 @@ import time as _time
 from collections.abc import Callable
 from typing import Any
 
-from .._loop._hooks import LoopCallbackBase, describe, lowered
+from .._loop._base import LoopCallbackBase
+from .._loop._hooks import lowered
+from .._loop._naming import describe
 from .._loop._state import LoopState
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed

@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from .._loop._hooks import LoopCallbackBase
+from .._loop._base import LoopCallbackBase
 from .._loop._state import LoopState
 from .._processes._outputs import check_output_process, writes_here
 from .._records._history import History

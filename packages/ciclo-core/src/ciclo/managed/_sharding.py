@@ -10,8 +10,8 @@ is where each state array lives, given by a ``PartitionSpec`` per array
 1. ``rules``: ``(regex, PartitionSpec)`` pairs, the first whose regex ``re.search`` es the
    array's path wins;
 2. partitioning metadata the model carries (Flax's ``nn.with_partitioning``, NNX sharding
-   annotations), read by the readers adapters register with
-   :func:`register_partition_metadata`;
+   annotations), read by the readers adapters declare (``Adapter.partition_metadata``) or a
+   script registers (:func:`register_partition_metadata`);
 3. otherwise replicated;
 
 and with ``fsdp`` the largest dimension still unsplit that divides by the data axis's size
@@ -28,6 +28,7 @@ from typing import Any, cast
 import jax
 import numpy as np
 
+from .._plugins._discovery import extras, register_extra
 from ._strategies import (
     StepFn,
     Strategy,
@@ -55,32 +56,20 @@ Rules = Sequence[tuple[str, Any]] | Mapping[str, Any] | RuleFn
 # Rules compiled: (path, leaf) -> (spec, where the spec comes from) | None.
 Matcher = Callable[[str, Any], "tuple[Any, str] | None"]
 
-_READERS: dict[type, SpecReader] = {}
-_ENTRY_POINTS = "ciclo.partition_metadata"
-_loaded_entry_points = False
+_BROKEN_ADAPTER = (
+    "ciclo: the adapter {name!r} failed to load ({error}); the sharded strategies ignore "
+    "the partition metadata it reads."
+)
 
 
-def _load_entry_points() -> None:
-    """Runs, once, the registration functions installed packages declare under the
-    ``ciclo.partition_metadata`` entry-point group (ciclo-flax declares Flax's), so that
-    annotated models are read even when their adapter was not imported. A broken one is a
-    warning: its annotations are then ignored."""
-    global _loaded_entry_points
-    if _loaded_entry_points:
-        return
-    _loaded_entry_points = True
-    from importlib.metadata import entry_points
-
-    for entry in entry_points(group=_ENTRY_POINTS):
-        try:
-            entry.load()()
-        except Exception as error:
-            warnings.warn(
-                f"ciclo: the partition metadata reader {entry.name!r} ({entry.value}) failed: "
-                f"{error!r}; the sharded strategies ignore the annotations it reads.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+def _readers() -> dict[type, SpecReader]:
+    """The partition metadata readers: those registered in this process, then those of the
+    adapters whose framework is imported (``Adapter.partition_metadata``). A broken adapter
+    is a warning: the annotations it reads are then ignored."""
+    table, broken = extras("partition_metadata")
+    for name, error in broken.items():
+        warnings.warn(_BROKEN_ADAPTER.format(name=name, error=error), RuntimeWarning, stacklevel=4)
+    return table
 
 
 def register_partition_metadata(node_type: type, spec_of: SpecReader) -> None:
@@ -122,18 +111,14 @@ def register_partition_metadata(node_type: type, spec_of: SpecReader) -> None:
             f"register_partition_metadata({node_type.__name__}, spec_of): spec_of must be a "
             f"function node -> PartitionSpec | None, got {spec_of!r}."
         )
-    _READERS[node_type] = spec_of
+    register_extra("partition_metadata", node_type, spec_of)
 
 
-def _reader(node: Any) -> SpecReader | None:
-    for node_type, spec_of in _READERS.items():
+def _reader(readers: dict[type, SpecReader], node: Any) -> SpecReader | None:
+    for node_type, spec_of in readers.items():
         if isinstance(node, node_type):
             return spec_of
     return None
-
-
-def _is_annotated(node: Any) -> bool:
-    return _reader(node) is not None
 
 
 def key_path(path: Sequence[Any]) -> str:
@@ -302,19 +287,18 @@ def _partition_specs(
     fsdp_axis: str | tuple[str, ...] | None,
     strategy: str,
 ) -> Any:
-    _load_entry_points()
+    readers = _readers()
     fsdp_size = (
         int(np.prod([mesh.shape[name] for name in _axis_names(fsdp_axis)]))
         if fsdp_axis is not None
         else 0
     )
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    nodes = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_is_annotated if _READERS else None)[
-        0
-    ]
+    is_annotated = (lambda node: _reader(readers, node) is not None) if readers else None
+    nodes = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_annotated)[0]
     specs: list[PartitionSpec] = []
     for path, node in nodes:
-        reader = _reader(node) if _READERS else None
+        reader = _reader(readers, node) if readers else None
         if reader is not None:
             inner = jax.tree_util.tree_leaves(node)
             annotated = reader(node)

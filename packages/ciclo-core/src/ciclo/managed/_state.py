@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax  # type: ignore[import-untyped]
 
-from .._loop._hooks import NO_CHANGE, parse_return
+from .._loop._returns import NO_CHANGE, parse_return
 from .._loop._state import LoopState
 from .._records._aggregate import merge_micro_logs
 from .._records._logs import Logs

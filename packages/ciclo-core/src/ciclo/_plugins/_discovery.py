@@ -1,18 +1,20 @@
-"""Finding installed adapters (entry-point group ``ciclo.adapters``), lazily.
+"""Finding adapters, lazily: installed ones (entry-point group ``ciclo.adapters``), those
+registered in this process, and the extras they carry.
 
 Nothing here runs when ``ciclo`` is imported: adapters are looked up the first time a
-state is built through ``ciclo.create_state`` or a ``ciclo.create_*_state`` forward, and a
-broken adapter is reported then, never at import.
+state is built through ``ciclo.create_state`` or a ``ciclo.create_*_state`` forward, or
+the first time core needs an extra (a resume restoring in place, a sharded strategy placing
+a state), and a broken adapter is reported then, never at import.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
 
-from ._adapter import Adapter
+from ._record import EXTRAS, Adapter
 
 __all__ = [
     "AdapterNotInstalledError",
@@ -27,6 +29,9 @@ __all__ = [
     "get_adapter",
     "installed_adapters",
     "register_adapter",
+    "register_extra",
+    "registered_extras",
+    "extras",
 ]
 
 ENTRY_POINT_GROUP = "ciclo.adapters"
@@ -124,10 +129,11 @@ def get_adapter(name: str) -> Adapter:
         >>> ciclo.adapters.get_adapter("no-such-framework")
         Traceback (most recent call last):
         ...
-        ciclo.adapters._discovery.AdapterNotInstalledError: no ciclo adapter named ...
+        ciclo._plugins._discovery.AdapterNotInstalledError: no ciclo adapter named ...
     """
-    if name in _LOADED:
-        return _LOADED[name]
+    adapter = _LOADED.get(name) or _REGISTERED.get(name)
+    if adapter is not None:
+        return adapter
     found = [ep for ep in _entry_points() if ep.name == name]
     if not found:
         raise AdapterNotInstalledError(
@@ -275,3 +281,63 @@ def create_equinox_state(*args: Any, **kwargs: Any) -> Any:
             (``pip install ciclo-equinox``).
     """
     return _forward("create_equinox_state", "equinox", "create_state", args, kwargs)
+
+
+# --- extras -------------------------------------------------------------------------------
+#: Extras registered in this process, by kind (``ciclo.adapters.register_restore_in_place``,
+#: ``ciclo.managed.register_partition_metadata``): for types of a script's own code.
+_REGISTERED_EXTRAS: dict[str, dict[type, Callable[..., Any]]] = {kind: {} for kind in EXTRAS}
+
+
+def register_extra(kind: str, node_type: type, fn: Callable[..., Any]) -> None:
+    """Adds ``{node_type: fn}`` to the extra ``kind`` (one of ``Adapter``'s extras) in this
+    process; the public functions that call it check their arguments first.
+
+    Example:
+        >>> class Box: ...
+        >>> register_extra("restore_in_place", Box, lambda original, restored: None)
+        >>> Box in extras("restore_in_place")[0]
+        True
+    """
+    _REGISTERED_EXTRAS[kind][node_type] = fn
+
+
+def registered_extras() -> list[type]:
+    """The classes this process registered extras for with :func:`register_extra` (an
+    adapter's are on its record instead).
+
+    Example:
+        >>> isinstance(registered_extras(), list)
+        True
+    """
+    return [node_type for table in _REGISTERED_EXTRAS.values() for node_type in table]
+
+
+def extras(kind: str) -> tuple[dict[type, Callable[..., Any]], dict[str, str]]:
+    """``(table, broken)``: the extra ``kind`` (``"restore_in_place"`` or
+    ``"partition_metadata"``) as one table ``{class: function}``, and the adapters that
+    failed to load (``{name: error}``), which the caller reports.
+
+    The table holds what this process registered with :func:`register_extra`, then the
+    extras of the adapters it registered and of the installed adapters whose framework is
+    imported (a state cannot hold objects of another), each loaded now if it was not; an
+    earlier entry wins for the same class, and the order is the order of lookup.
+
+    Example:
+        >>> table, broken = extras("partition_metadata")
+        >>> isinstance(table, dict), isinstance(broken, dict)
+        (True, True)
+    """
+    table = dict(_REGISTERED_EXTRAS[kind])
+    broken: dict[str, str] = {}
+    for name in installed_adapters():
+        if name not in _REGISTERED and name.split(".")[0] not in sys.modules:
+            continue
+        try:
+            adapter = get_adapter(name)
+        except ImportError as error:
+            broken[name] = str(error)
+            continue
+        for node_type, fn in getattr(adapter, kind).items():
+            table.setdefault(node_type, fn)
+    return table, broken

@@ -8,12 +8,12 @@ import time as _time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .._loops._evaluation import dataset_factory
-from .._loops._test import evaluate_dataset
+from .._checkpoint import _format, _restore
 from .._records._aggregate import rename_logs
 from .._records._history import History
 from .._records._logs import Logs
-from . import _format, _restore
+from ._evaluation import dataset_factory
+from ._test import evaluate_dataset
 
 __all__ = ["evaluate_checkpoints"]
 

@@ -1,0 +1,74 @@
+"""Periods given as arguments: read and checked in one place, on top of the units of
+:mod:`ciclo._time._units` and the :class:`~ciclo.Period` of :mod:`ciclo._time._elapsed`.
+
+- :func:`period_unit`: an int (steps) or a one-unit ``at(...)`` period (an epoch's length,
+  a progress bar's total);
+- :func:`counted_fields`: a period counted in units, any of them (a patience period);
+- :func:`counts`: what an :class:`~ciclo.Elapsed` counts, in each unit.
+"""
+
+from __future__ import annotations
+
+from ._elapsed import Elapsed, Period, as_period
+from ._units import UNITS
+
+__all__ = ["period_unit", "counted_fields", "counts"]
+
+
+def period_unit(value: int | Period, what: str) -> tuple[str, float]:
+    """``(unit, amount)`` of an int (steps) or a one-unit :func:`ciclo.at` period, with a
+    positive amount.
+
+    Args:
+        value: ``1000`` or ``ciclo.at(samples=60_000)`` or ``ciclo.at(time=3600)``.
+        what: the argument's name, for the error message (``"epoch_duration"``).
+
+    Raises:
+        TypeError: neither an int nor a period.
+        ValueError: a period with several fields, a date, or a zero amount.
+
+    Example:
+        >>> import ciclo
+        >>> period_unit(1000, "epoch_duration")
+        ('steps', 1000)
+        >>> period_unit(ciclo.at(samples=60_000), "epoch_duration")
+        ('samples', 60000)
+    """
+    period = as_period(value, what)
+    assert period is not None
+    fields = period.fields()
+    if len(fields) != 1 or "date" in fields or not next(iter(fields.values())):
+        raise ValueError(
+            f"{what} must be a positive amount in one unit: an int (steps) or "
+            f"ciclo.at(samples=...) or ciclo.at(time=...), got {value!r}."
+        )
+    ((unit, amount),) = fields.items()
+    return unit, amount
+
+
+def counted_fields(period: Period, what: str) -> dict[str, int | float]:
+    """The fields of ``period``, which must count in units (any of them), not a date.
+
+    Example:
+        >>> import ciclo
+        >>> counted_fields(ciclo.at(steps=100, time=60), "patience")
+        {'steps': 100, 'time': 60}
+        >>> counted_fields(ciclo.at(date=0.0), "patience")
+        Traceback (most recent call last):
+        ValueError: patience counts steps, samples or time, not a date.
+    """
+    fields = period.fields()
+    if "date" in fields:
+        raise ValueError(f"{what} counts steps, samples or time, not a date.")
+    return fields
+
+
+def counts(elapsed: Elapsed) -> dict[str, int | float]:
+    """``{unit: count}`` of ``elapsed`` in each unit (no date).
+
+    Example:
+        >>> import ciclo
+        >>> counts(ciclo.Elapsed(steps=3, samples=96, time=1.5, date=0.0))
+        {'steps': 3, 'samples': 96, 'time': 1.5}
+    """
+    return {unit: getattr(elapsed, unit) for unit in UNITS}
