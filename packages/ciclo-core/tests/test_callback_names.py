@@ -74,3 +74,17 @@ def test_validation_is_kept_and_names_the_callback_as_users_call_it():
         ciclo.throughput(0)
     with pytest.raises(TypeError, match=r"^profiler\(steps=0\)"):
         ciclo.profiler("logs", steps=0)
+
+
+def test_a_callback_class_given_uncalled_is_an_error_that_says_to_call_it():
+    import numpy as np
+
+    def step(state, batch):
+        return ciclo.logs().add_loss("loss", 0.5), state
+
+    data = [np.ones(2)] * 2
+    message = r"callback KerasBar is a class, not a callback: make one and pass it, keras_bar\("
+    with pytest.raises(TypeError, match=message):  # as a task of ciclo.loop
+        ciclo.loop(None, data, {ciclo.every(1): [step, ciclo.keras_bar]})
+    with pytest.raises(TypeError, match=message):  # in train_loop(callbacks=[...])
+        ciclo.train_loop(None, data, {ciclo.every(1): step}, callbacks=[ciclo.keras_bar])
