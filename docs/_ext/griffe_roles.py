@@ -3,6 +3,8 @@ roles (``:func:`ciclo.loop```, ``:class:`History```, ``:meth:`state_dict```), wh
 mkdocstrings does not read. Once the package is loaded, each role becomes a link to the
 object's entry in the reference (an mkdocs-autorefs ``[`text`][identifier]``) when the
 object is rendered on an API page (``docs/api/*.md``), and code otherwise (private helpers).
+A role naming a callback's lowercase alias (``:class:`ciclo.keras_bar```) links to its
+class.
 
 It also splits the parameters a docstring documents together (``on_start, on_end: ...``)
 into one entry each, so that each shows its own type and default.
@@ -33,6 +35,16 @@ def _target(obj: Any) -> Any:
 
 def _documented(obj: Any) -> bool:
     return obj is not None and obj.docstring is not None
+
+
+def _class_named_by(obj: Any) -> Any:
+    """The class that a module-level alias names (``keras_bar = KerasBar``), else ``None``:
+    a role naming the alias links to the class's entry, where the callback is documented."""
+    if not obj.is_attribute or obj.parent is None or not obj.parent.is_module:
+        return None
+    member = obj.parent.members.get(str(obj.value)) if obj.value is not None else None
+    cls = _target(member)
+    return cls if cls is not None and cls.is_class else None
 
 
 class CrossReferences(griffe.Extension):
@@ -111,6 +123,8 @@ class CrossReferences(griffe.Extension):
             candidates += [f"{m}.{target}" for m in _PUBLIC_MODULES]
         for candidate in candidates:
             found = _target(self._get(candidate))
+            if found is not None:
+                found = _class_named_by(found) or found
             if found is not None and found.canonical_path in self.rendered:
                 return self.rendered[found.canonical_path]
         return None

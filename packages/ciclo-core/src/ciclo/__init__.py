@@ -62,16 +62,26 @@ from ._time._schedules import always as always
 from ._time._schedules import every as every
 from ._time._schedules import never as never
 from ._time._schedules import piecewise as piecewise
+from .callbacks._early_stopping import EarlyStopping as EarlyStopping
+from .callbacks._early_stopping import TerminateOnNaN as TerminateOnNaN
 from .callbacks._early_stopping import early_stopping as early_stopping
 from .callbacks._early_stopping import terminate_on_nan as terminate_on_nan
 from .callbacks._inner_loop import inner_loop as inner_loop
+from .callbacks._loggers import CSVLogger as CSVLogger
+from .callbacks._loggers import TensorBoardLogger as TensorBoardLogger
 from .callbacks._loggers import csv_logger as csv_logger
 from .callbacks._loggers import tensorboard_logger as tensorboard_logger
+from .callbacks._lr_monitor import LearningRateMonitor as LearningRateMonitor
 from .callbacks._lr_monitor import learning_rate_monitor as learning_rate_monitor
+from .callbacks._profiler import Profiler as Profiler
 from .callbacks._profiler import profiler as profiler
+from .callbacks._progress import KerasBar as KerasBar
+from .callbacks._progress import TqdmBar as TqdmBar
 from .callbacks._progress import keras_bar as keras_bar
 from .callbacks._progress import tqdm_bar as tqdm_bar
+from .callbacks._throughput import Throughput as Throughput
 from .callbacks._throughput import throughput as throughput
+from .callbacks._writers import WriterLogger as WriterLogger
 from .callbacks._writers import writer_logger as writer_logger
 
 __version__ = "0.1.0"

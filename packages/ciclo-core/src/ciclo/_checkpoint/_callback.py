@@ -18,7 +18,7 @@ from .._records import _host
 from .._time._schedules import Schedule, every
 from . import _format, _lock, _writer
 
-__all__ = ["checkpoint", "Checkpoint"]
+__all__ = ["Checkpoint", "checkpoint"]
 
 _MODES = ("min", "max")
 _FIX = (
@@ -53,14 +53,69 @@ def _prepare_directory(path: str) -> None:
 
 
 class Checkpoint(LoopCallbackBase):
-    """A loop callback that saves the run with orbax; made by :func:`checkpoint`.
+    """A callback that saves the whole run with orbax-checkpoint, so that it can continue
+    exactly where it was (``loop(..., resume=directory)``) or be restored
+    (:func:`ciclo.restore`, :func:`ciclo.restore_best`).
+
+    Each checkpoint holds the state pytree (with its RNG keys), ``elapsed``, the history,
+    the state of every schedule and of every callback with ``state_dict()`` /
+    ``load_state_dict()`` (early stopping...), the loop's latest logs and the data
+    position. It is taken at the end of the step in which the callback fires, after every
+    callback of that step, and is named after the count of steps it holds
+    (``elapsed.steps``). Writing is atomic: a run killed while writing leaves the
+    previous checkpoints intact.
+
+    On resume, the batches the run had consumed are skipped, in the first way the dataset
+    allows: a dataset with ``state_dict()`` and ``load_state_dict(state)`` (the torchdata
+    ``StatefulDataLoader`` convention; a custom loader that can seek implements both, e.g.
+    ``{"batch": n}``, and starts its next ``iter()`` there) has its state saved and loaded
+    back, which also restores its shuffling exactly; a sequence (list, tuple, NumPy or JAX
+    array of batches) is resumed by index; any other iterable is iterated again and the
+    consumed batches dropped, so it must yield the same batches when re-created.
+
+    Use it under any schedule of ``ciclo.loop`` (``{ciclo.every(1000): ckpt}``; spread in
+    with ``**ckpt`` it saves every 10 minutes of loop time), in ``train_loop`` too
+    (``tasks={ciclo.every(1000): ckpt}``); in ``train_loop(callbacks=[ckpt])`` it saves at
+    the end of each epoch. One run writes a directory: a second one is an error at once
+    (a lock file, ``.ciclo-writer.lock``, holds the writer's host and pid). It also saves
+    when the loop ends (after Ctrl-C or SIGTERM too, see ``loop(stop_signals=...)``).
+
+    Args:
+        directory: where to save; created if needed (local path or an orbax-supported URL
+            such as ``gs://...``). An unwritable directory is an error right away.
+        keep: how many checkpoints to keep (``None``: all). Without ``monitor``, the
+            latest ``keep``; with it, the best ``keep`` by the monitored value, plus the
+            latest (to resume from).
+        monitor: the log entry that ranks checkpoints (``"loss"``, ``"metrics.acc"``...),
+            read from the loop's latest logs; an error if it was never logged by the time
+            the checkpoint fires.
+        mode: ``"min"`` (lower is better) or ``"max"``.
+        async_save: write in the background: the loop only waits while arrays are copied
+            to host memory. A failed background write is raised at the end of the next
+            step, never lost.
+        save_on_end: also save when the loop ends normally (a stop by a signal or by a
+            callback always saves).
 
     It is path-like (``os.fspath(ckpt)`` is its directory), so it can be given where a
     checkpoint directory is expected: ``loop(..., resume=ckpt)``, ``ciclo.restore(ckpt, ...)``.
 
     Attributes:
         directory: the absolute checkpoint directory.
-        monitor, mode, keep, async_save, save_on_end: as given to :func:`checkpoint`.
+        monitor, mode, keep, async_save, save_on_end: as given.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, numpy as np, tempfile
+        >>> ckpt = ciclo.checkpoint(tempfile.mkdtemp(), keep=1)
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_loss("loss", state.sum()), state + 1.0
+        >>> tasks = {ciclo.every(1): train_step, ciclo.every(2): ckpt}
+        >>> state, history, elapsed = ciclo.loop(jnp.zeros(2), [np.ones((1,))] * 3, tasks)
+        >>> ckpt.all_steps()
+        [3]
+        >>> state, history, elapsed = ciclo.loop(  # continues after the saved steps
+        ...     jnp.zeros(2), [np.ones((1,))] * 5, tasks, resume=ckpt)
+        >>> elapsed.steps, history.collect("loss")
+        (5, [0.0, 2.0, 4.0, 6.0, 8.0])
     """
 
     def __init__(
@@ -355,80 +410,5 @@ class Checkpoint(LoopCallbackBase):
         return sorted(self._open().all_steps())
 
 
-def checkpoint(
-    directory: str | os.PathLike[str],
-    *,
-    keep: int | None = 2,
-    monitor: str | None = None,
-    mode: str = "min",
-    async_save: bool = True,
-    save_on_end: bool = True,
-) -> Checkpoint:
-    """A callback that saves the whole run with orbax-checkpoint, so that it can continue
-    exactly where it was (``loop(..., resume=directory)``) or be restored
-    (:func:`ciclo.restore`, :func:`ciclo.restore_best`).
-
-    Each checkpoint holds the state pytree (with its RNG keys), ``elapsed``, the history,
-    the state of every schedule and of every callback with ``state_dict()`` /
-    ``load_state_dict()`` (early stopping...), the loop's latest logs and the data
-    position. It is taken at the end of the step in which the callback fires, after every
-    callback of that step, and is named after the count of steps it holds
-    (``elapsed.steps``). Writing is atomic: a run killed while writing leaves the
-    previous checkpoints intact.
-
-    On resume, the batches the run had consumed are skipped, in the first way the dataset
-    allows: a dataset with ``state_dict()`` and ``load_state_dict(state)`` (the torchdata
-    ``StatefulDataLoader`` convention; a custom loader that can seek implements both, e.g.
-    ``{"batch": n}``, and starts its next ``iter()`` there) has its state saved and loaded
-    back, which also restores its shuffling exactly; a sequence (list, tuple, NumPy or JAX
-    array of batches) is resumed by index; any other iterable is iterated again and the
-    consumed batches dropped, so it must yield the same batches when re-created.
-
-    Use it under any schedule of ``ciclo.loop`` (``{ciclo.every(1000): ckpt}``; spread in
-    with ``**ckpt`` it saves every 10 minutes of loop time), in ``train_loop`` too
-    (``tasks={ciclo.every(1000): ckpt}``); in ``train_loop(callbacks=[ckpt])`` it saves at
-    the end of each epoch. One run writes a directory: a second one is an error at once
-    (a lock file, ``.ciclo-writer.lock``, holds the writer's host and pid). It also saves
-    when the loop ends (after Ctrl-C or SIGTERM too, see ``loop(stop_signals=...)``).
-
-    Args:
-        directory: where to save; created if needed (local path or an orbax-supported URL
-            such as ``gs://...``). An unwritable directory is an error right away.
-        keep: how many checkpoints to keep (``None``: all). Without ``monitor``, the
-            latest ``keep``; with it, the best ``keep`` by the monitored value, plus the
-            latest (to resume from).
-        monitor: the log entry that ranks checkpoints (``"loss"``, ``"metrics.acc"``...),
-            read from the loop's latest logs; an error if it was never logged by the time
-            the checkpoint fires.
-        mode: ``"min"`` (lower is better) or ``"max"``.
-        async_save: write in the background: the loop only waits while arrays are copied
-            to host memory. A failed background write is raised at the end of the next
-            step, never lost.
-        save_on_end: also save when the loop ends normally (a stop by a signal or by a
-            callback always saves).
-
-    Returns:
-        A :class:`Checkpoint` callback.
-
-    Example:
-        >>> import ciclo, jax.numpy as jnp, numpy as np, tempfile
-        >>> ckpt = ciclo.checkpoint(tempfile.mkdtemp(), keep=1)
-        >>> def train_step(state, batch):
-        ...     return ciclo.logs().add_loss("loss", state.sum()), state + 1.0
-        >>> tasks = {ciclo.every(1): train_step, ciclo.every(2): ckpt}
-        >>> state, history, elapsed = ciclo.loop(jnp.zeros(2), [np.ones((1,))] * 3, tasks)
-        >>> ckpt.all_steps()
-        [3]
-        >>> state, history, elapsed = ciclo.loop(  # continues after the saved steps
-        ...     jnp.zeros(2), [np.ones((1,))] * 5, tasks, resume=ckpt)
-        >>> elapsed.steps, history.collect("loss")
-        (5, [0.0, 2.0, 4.0, 6.0, 8.0])
-    """
-    return Checkpoint(
-        directory,
-        keep=keep,
-        monitor=monitor,
-        mode=mode,
-        async_save=async_save,
-        save_on_end=save_on_end,
-    )
+checkpoint = Checkpoint
+"""Another name of :class:`Checkpoint` (the same class)."""

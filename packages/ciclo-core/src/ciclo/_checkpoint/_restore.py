@@ -21,7 +21,7 @@ class Restored(NamedTuple):
 
 
 def restore(directory: str | os.PathLike[str], state: Any, *, step: int | None = None) -> Restored:
-    """Reads a checkpoint written by :func:`ciclo.checkpoint`.
+    """Reads a checkpoint written by :class:`ciclo.checkpoint`.
 
     The state comes back in the structure of ``state``, and each array with its dtype and
     sharding (a sharded ``state`` restores sharded, reading only each device's part).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,8 +26,14 @@ __all__ = [
     "is_periodic_action",
     "inject",
     "as_callback",
+    "check_not_a_class",
     "NO_CHANGE",
 ]
+
+MSG_A_CLASS = (
+    "callback {name} is a class, not a callback: make one and pass it, {spelled}(...), "
+    "not {spelled} itself."
+)
 
 #: Not callbacks' arguments: a callback with one parameter of these names is a mistake.
 _NOT_THE_STATE = {
@@ -83,6 +90,25 @@ def positional_arity(fn: Callable[..., Any]) -> int:
     if any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values()):
         return 4
     return min(len(params), 4)
+
+
+def check_not_a_class(obj: Any) -> None:
+    """Raises ``TypeError`` for a callback class given where a callback goes (the class
+    ``ciclo.keras_bar`` instead of ``ciclo.keras_bar(1000)``): its hooks are unbound.
+
+    Example:
+        >>> class Bar:
+        ...     def __loop_callback__(self, loop_state): ...
+        >>> check_not_a_class(Bar)
+        Traceback (most recent call last):
+        TypeError: callback Bar is a class, not a callback: make one and pass it, Bar(...), ...
+    """
+    if not isinstance(obj, type):
+        return
+    module = sys.modules.get(obj.__module__)
+    aliases = [n for n, v in vars(module).items() if v is obj and n.islower()] if module else []
+    spelled = aliases[0] if aliases else obj.__name__  # keras_bar for KerasBar
+    raise TypeError(MSG_A_CLASS.format(name=obj.__name__, spelled=spelled))
 
 
 def check_single_argument(fn: Callable[..., Any]) -> None:
@@ -183,6 +209,8 @@ class Callback:
         self.observer = is_observer(fn)
         self.fusable = is_fusable(fn)
         self.fresh_logs = self.fusable or _is_compiled(fn)
+        if isinstance(fn, type) and isinstance(fn, LoopCallback):
+            check_not_a_class(fn)
         if is_periodic_action(fn):
             self.method = _periodic_action_call(fn)
             self.arity = -1

@@ -82,7 +82,7 @@ def evaluate_checkpoints(
     batch_size_fn: Callable[[Any], int] | None = None,
     stop: int | None = None,
 ) -> History:
-    """Evaluates every checkpoint that :func:`ciclo.checkpoint` wrote to ``directory``, in
+    """Evaluates every checkpoint that :class:`ciclo.checkpoint` wrote to ``directory``, in
     step order, and with ``follow=True`` each new one as it appears: the standalone
     evaluator that runs beside a training job.
 

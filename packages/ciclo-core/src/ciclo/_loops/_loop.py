@@ -85,7 +85,7 @@ def loop(
             checkpoint, the loop continues from the latest one as if it had never stopped:
             state, ``elapsed``, history, the state of schedules and stateful callbacks are
             restored and the batches already consumed are skipped (see
-            :func:`ciclo.checkpoint` for how). A missing or empty directory starts afresh, so
+            :class:`ciclo.checkpoint` for how). A missing or empty directory starts afresh, so
             that one command starts a run and continues it after a preemption. On resume,
             ``on_start`` runs but its logs are not recorded again.
         agree_every: with several processes (``jax.distributed``), the steps between two

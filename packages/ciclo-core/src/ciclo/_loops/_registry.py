@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._loop._base import LoopCallbackBase
-from .._loop._callback import positional_arity
+from .._loop._callback import check_not_a_class, positional_arity
 from .._loop._hooks import LoopCallback, named_hooks
 from .._loop._naming import callback_name
 from .._loop._state import LoopState
@@ -182,6 +182,7 @@ class Registry:
                 f"{type(callbacks).__name__}. Example: callbacks=[ciclo.keras_bar(1000)]."
             )
         for obj in callbacks:
+            check_not_a_class(obj)
             hooks = named_hooks(obj, NAMED_SCHEDULES)
             used = [n for n in hooks if n in self.named]
             for name in used:

@@ -19,7 +19,7 @@ from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period, as_period
 from .._time._periods import counted_fields, counts
 
-__all__ = ["early_stopping", "terminate_on_nan", "EarlyStopping", "TerminateOnNaN"]
+__all__ = ["EarlyStopping", "early_stopping", "TerminateOnNaN", "terminate_on_nan"]
 
 _MISSING: Any = object()
 
@@ -77,7 +77,32 @@ def _copy_tree(tree: Any) -> Any:
 
 
 class EarlyStopping(LoopCallbackBase):
-    """Stops training when a monitored value stops improving; see :func:`early_stopping`.
+    """Stops training when ``monitor`` has not improved for ``patience``.
+
+    In :func:`ciclo.train_loop` it checks at each epoch end, after the epoch's evaluation
+    (so ``monitor="loss_test"`` sees the new evaluation); a check where the monitored
+    entry was not produced (no evaluation this epoch) is skipped. The first value fetched
+    at a check is the only device-to-host transfer it makes.
+
+    Args:
+        monitor: a log entry: ``"loss_test"``, ``"accuracy_test"``, or ``"coll.name"``.
+        patience: how many checks without improvement stop training (an int, counted in
+            evaluations), or a period (``ciclo.at(steps=2000)``) without improvement.
+        min_delta: the least change that counts as an improvement: absolute, or relative
+            to the best value with ``min_delta_mode="rel"`` (``0.01`` = 1%).
+        mode: ``"min"`` (lower is better) or ``"max"``.
+        baseline: a value to beat: patience runs until the monitored value beats it.
+        restore_best_weights: at the end of training (stopped early or not), return the
+            state of the best check. The whole state is restored (optimizer state
+            included); it is kept as a copy on device.
+        start_from: ignore checks before this count (an int in steps, or a period): a
+            warm-up.
+        min_delta_mode: ``"abs"`` or ``"rel"``.
+        verbose: print why training stopped and which state is restored.
+        file: where to print (stdout by default).
+
+    It goes in ``callbacks=[...]``; its ``state_dict()`` / ``load_state_dict()`` (best
+    value, patience counter, best state) are saved with checkpoints.
 
     Hooks: ``on_epoch_end`` (check, after the epoch's evaluation) and ``on_train_end``
     (restore the best state). In :func:`ciclo.loop`, call it under a schedule to check and
@@ -89,19 +114,25 @@ class EarlyStopping(LoopCallbackBase):
             the ``steps`` of its row in the history and the CSV (the checkpoint saved
             there is ``best_step + 1``, the steps it holds).
         stopped_step: the step label of the check that stopped training, or ``None``.
+
+    Example:
+        >>> import ciclo
+        >>> stopper = ciclo.early_stopping("accuracy_test", patience=3, mode="max")
+        >>> stopper.improves(0.9, 0.8), stopper.improves(0.8, 0.9)
+        (True, False)
     """
 
     def __init__(
         self,
         monitor: str,
         patience: int | Period,
-        *,
         min_delta: float = 0.0,
-        min_delta_mode: Literal["abs", "rel"] = "abs",
         mode: Literal["min", "max"] = "min",
         baseline: float | None = None,
         restore_best_weights: bool = False,
         start_from: int | Period = 0,
+        *,
+        min_delta_mode: Literal["abs", "rel"] = "abs",
         verbose: bool = True,
         file: IO[str] | None = None,
     ) -> None:
@@ -309,74 +340,42 @@ class EarlyStopping(LoopCallbackBase):
         self.best_weights = state["best_weights"]
 
 
-def early_stopping(
-    monitor: str,
-    patience: int | Period,
-    min_delta: float = 0.0,
-    mode: Literal["min", "max"] = "min",
-    baseline: float | None = None,
-    restore_best_weights: bool = False,
-    start_from: int | Period = 0,
-    *,
-    min_delta_mode: Literal["abs", "rel"] = "abs",
-    verbose: bool = True,
-    file: IO[str] | None = None,
-) -> EarlyStopping:
-    """Stops training when ``monitor`` has not improved for ``patience``.
-
-    In :func:`ciclo.train_loop` it checks at each epoch end, after the epoch's evaluation
-    (so ``monitor="loss_test"`` sees the new evaluation); a check where the monitored
-    entry was not produced (no evaluation this epoch) is skipped. The first value fetched
-    at a check is the only device-to-host transfer it makes.
-
-    Args:
-        monitor: a log entry: ``"loss_test"``, ``"accuracy_test"``, or ``"coll.name"``.
-        patience: how many checks without improvement stop training (an int, counted in
-            evaluations), or a period (``ciclo.at(steps=2000)``) without improvement.
-        min_delta: the least change that counts as an improvement: absolute, or relative
-            to the best value with ``min_delta_mode="rel"`` (``0.01`` = 1%).
-        mode: ``"min"`` (lower is better) or ``"max"``.
-        baseline: a value to beat: patience runs until the monitored value beats it.
-        restore_best_weights: at the end of training (stopped early or not), return the
-            state of the best check. The whole state is restored (optimizer state
-            included); it is kept as a copy on device.
-        start_from: ignore checks before this count (an int in steps, or a period): a
-            warm-up.
-        min_delta_mode: ``"abs"`` or ``"rel"``.
-        verbose: print why training stopped and which state is restored.
-        file: where to print (stdout by default).
-
-    Returns:
-        a callback object for ``callbacks=[...]``, with ``state_dict()`` /
-        ``load_state_dict()`` (best value, patience counter, best state) for checkpoints.
-
-    Example:
-        >>> import ciclo
-        >>> stopper = ciclo.early_stopping("accuracy_test", patience=3, mode="max")
-        >>> stopper.improves(0.9, 0.8), stopper.improves(0.8, 0.9)
-        (True, False)
-    """
-    return EarlyStopping(
-        monitor,
-        patience,
-        min_delta=min_delta,
-        min_delta_mode=min_delta_mode,
-        mode=mode,
-        baseline=baseline,
-        restore_best_weights=restore_best_weights,
-        start_from=start_from,
-        verbose=verbose,
-        file=file,
-    )
+early_stopping = EarlyStopping
+"""Another name of :class:`EarlyStopping` (the same class)."""
 
 
 class TerminateOnNaN(LoopCallbackBase):
-    """Stops the loop when a loss becomes NaN or infinite; see :func:`terminate_on_nan`."""
+    """Stops training when a loss is NaN or infinite.
+
+    To keep steps free of device syncs it looks at the current step's values at most every
+    ``interval`` seconds: a NaN that spreads to the parameters (the usual case) is caught
+    within ``interval``. ``interval=0`` checks every step (one host transfer per step).
+
+    Args:
+        keys: the entries to watch (``"loss"``, ``"metrics.accuracy"``); every loss by
+            default.
+        interval: seconds between checks.
+        verbose: print why it stopped.
+        file: where to print (stdout by default).
+
+    Use it as ``callbacks=[ciclo.terminate_on_nan()]`` in :func:`ciclo.train_loop` (checked
+    after each training step), or under a schedule in :func:`ciclo.loop`.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.terminate_on_nan(interval=0).interval
+        0
+    """
 
     __loop_observer__ = True  # reads the loop only: runs once per fused group
 
     def __init__(
-        self, keys: Sequence[str] | None, interval: float, verbose: bool, file: IO[str] | None
+        self,
+        keys: Sequence[str] | None = None,
+        *,
+        interval: float = 0.5,
+        verbose: bool = True,
+        file: IO[str] | None = None,
     ) -> None:
         self.watch = None if keys is None else list(keys)
         self.interval = interval
@@ -419,34 +418,5 @@ class TerminateOnNaN(LoopCallbackBase):
         self.check(loop_state)
 
 
-def terminate_on_nan(
-    keys: Sequence[str] | None = None,
-    *,
-    interval: float = 0.5,
-    verbose: bool = True,
-    file: IO[str] | None = None,
-) -> TerminateOnNaN:
-    """Stops training when a loss is NaN or infinite.
-
-    To keep steps free of device syncs it looks at the current step's values at most every
-    ``interval`` seconds: a NaN that spreads to the parameters (the usual case) is caught
-    within ``interval``. ``interval=0`` checks every step (one host transfer per step).
-
-    Args:
-        keys: the entries to watch (``"loss"``, ``"metrics.accuracy"``); every loss by
-            default.
-        interval: seconds between checks.
-        verbose: print why it stopped.
-        file: where to print (stdout by default).
-
-    Returns:
-        a callback object: ``callbacks=[ciclo.terminate_on_nan()]`` in
-        :func:`ciclo.train_loop` (checked after each training step), or under a schedule in
-        :func:`ciclo.loop`.
-
-    Example:
-        >>> import ciclo
-        >>> ciclo.terminate_on_nan(interval=0).interval
-        0
-    """
-    return TerminateOnNaN(keys, interval, verbose, file)
+terminate_on_nan = TerminateOnNaN
+"""Another name of :class:`TerminateOnNaN` (the same class)."""

@@ -20,13 +20,50 @@ from ._progress import latest_entries, named_entries
 from ._running_mean import RunningMean, check_running_mean
 from ._writers import TensorBoardWriter, WriterLogger
 
-__all__ = ["csv_logger", "tensorboard_logger", "CSVLogger", "TensorBoardLogger"]
+__all__ = ["CSVLogger", "csv_logger", "TensorBoardLogger", "tensorboard_logger"]
 
 _ELAPSED_COLUMNS = ("steps", "samples", "time")
 
 
 class CSVLogger(LoopCallbackBase):
-    """Writes one CSV row per call; see :func:`csv_logger`."""
+    """Writes a CSV file with one row per epoch (Keras' ``CSVLogger``).
+
+    Columns: ``steps``, ``samples``, ``time`` (the count of the row, as in the history),
+    then the latest value of every scalar loss and metric, evaluation entries included
+    (``loss``, ``accuracy``, ``accuracy_test``...). A column that appears later (the first
+    evaluation) widens the header; earlier rows leave it empty.
+
+    With ``ciclo.checkpoint``, a checkpoint holds how many rows the file had; a run resumed
+    from it keeps those rows and drops the ones the interrupted run wrote after the
+    checkpoint (the resumed run writes them again): each row appears exactly once, even
+    after a kill.
+
+    Args:
+        path: the file to write.
+        separator: the field separator.
+        append: continue an existing file instead of replacing it (a resumed run continues
+            its file without it).
+        process: the process that writes (``None``: every process, each to ``path``).
+        running_mean: write what Keras' ``CSVLogger`` writes, as the bars'
+            ``running_mean=True`` shows: each training loss and metric averaged over the
+            epoch (weighted by samples; in :func:`ciclo.loop`, over the loop so far, the
+            entries logged when the logger is called being the training ones), evaluation
+            entries and ``stateful_metrics`` as they are. The means are read from the
+            history when a row is written, and a resumed run averages the whole epoch.
+
+    Use it as ``callbacks=[ciclo.csv_logger("log.csv")]`` in :func:`ciclo.train_loop` (a row
+    at each epoch end), or under a schedule in :func:`ciclo.loop` (a row at each call).
+
+    Example:
+        >>> import ciclo, numpy as np, pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "log.csv"
+        >>> def step(state, batch):
+        ...     return ciclo.logs().add_loss("loss", 0.25), state
+        >>> tasks = {ciclo.every(1): step, ciclo.every(2): ciclo.csv_logger(path)}
+        >>> _ = ciclo.loop(None, [np.ones(2)] * 4, tasks)
+        >>> path.read_text().splitlines()[0]
+        'steps,samples,time,loss'
+    """
 
     __loop_observer__ = True  # reads the loop only: runs once per fused group
     #: Only with ``running_mean=True``: the means start again at each epoch, and the
@@ -38,8 +75,8 @@ class CSVLogger(LoopCallbackBase):
         self,
         path: str | os.PathLike[str],
         *,
-        separator: str,
-        append: bool,
+        separator: str = ",",
+        append: bool = False,
         process: int | None = 0,
         running_mean: bool = False,
     ) -> None:
@@ -170,68 +207,46 @@ class CSVLogger(LoopCallbackBase):
         self.write(loop_state)
 
 
-def csv_logger(
-    path: str | os.PathLike[str],
-    *,
-    separator: str = ",",
-    append: bool = False,
-    process: int | None = 0,
-    running_mean: bool = False,
-) -> CSVLogger:
-    """Writes a CSV file with one row per epoch (Keras' ``CSVLogger``).
-
-    Columns: ``steps``, ``samples``, ``time`` (the count of the row, as in the history),
-    then the latest value of every scalar loss and metric, evaluation entries included
-    (``loss``, ``accuracy``, ``accuracy_test``...). A column that appears later (the first
-    evaluation) widens the header; earlier rows leave it empty.
-
-    With ``ciclo.checkpoint``, a checkpoint holds how many rows the file had; a run resumed
-    from it keeps those rows and drops the ones the interrupted run wrote after the
-    checkpoint (the resumed run writes them again): each row appears exactly once, even
-    after a kill.
-
-    Args:
-        path: the file to write.
-        separator: the field separator.
-        append: continue an existing file instead of replacing it (a resumed run continues
-            its file without it).
-        process: the process that writes (``None``: every process, each to ``path``).
-        running_mean: write what Keras' ``CSVLogger`` writes, as the bars'
-            ``running_mean=True`` shows: each training loss and metric averaged over the
-            epoch (weighted by samples; in :func:`ciclo.loop`, over the loop so far, the
-            entries logged when the logger is called being the training ones), evaluation
-            entries and ``stateful_metrics`` as they are. The means are read from the
-            history when a row is written, and a resumed run averages the whole epoch.
-
-    Returns:
-        a callback object: ``callbacks=[ciclo.csv_logger("log.csv")]`` in
-        :func:`ciclo.train_loop` (a row at each epoch end), or under a schedule in
-        :func:`ciclo.loop` (a row at each call).
-
-    Example:
-        >>> import ciclo, numpy as np, pathlib, tempfile
-        >>> path = pathlib.Path(tempfile.mkdtemp()) / "log.csv"
-        >>> def step(state, batch):
-        ...     return ciclo.logs().add_loss("loss", 0.25), state
-        >>> tasks = {ciclo.every(1): step, ciclo.every(2): ciclo.csv_logger(path)}
-        >>> _ = ciclo.loop(None, [np.ones(2)] * 4, tasks)
-        >>> path.read_text().splitlines()[0]
-        'steps,samples,time,loss'
-    """
-    return CSVLogger(
-        path, separator=separator, append=append, process=process, running_mean=running_mean
-    )
+csv_logger = CSVLogger
+"""Another name of :class:`CSVLogger` (the same class)."""
 
 
 class TensorBoardLogger(WriterLogger):
-    """Writes history rows as TensorBoard scalars; see :func:`tensorboard_logger`."""
+    """Writes every scalar log entry to TensorBoard event files (with tensorboardX).
+
+    It writes the rows of the loop's history, so values are fetched once (by the history,
+    in batches) and each scalar appears at its row's step (tag ``collection/name``, e.g.
+    ``losses/loss``, ``metrics/accuracy_test``). Rows are written at most every
+    ``interval`` seconds, at each epoch end, and when the loop ends (which closes the file;
+    in :func:`ciclo.loop` too). A resumed run hides the events that the interrupted run
+    wrote after the checkpoint (``purge_step``). It is :class:`ciclo.writer_logger` with a
+    :class:`ciclo.callbacks.TensorBoardWriter`.
+
+    Needs the extra: ``pip install 'ciclo-core[tensorboard]'``.
+
+    Args:
+        logdir: the directory of the event files (``tensorboard --logdir``).
+        interval: seconds between writes during training.
+        process: the process that writes (``None``: every process).
+        **writer_kwargs: passed to ``tensorboardX.SummaryWriter``.
+
+    Use it in ``callbacks=[...]`` of :func:`ciclo.train_loop`, or under a schedule (or
+    spread with ``**``) in :func:`ciclo.loop`.
+
+    Example:
+        >>> import ciclo, tempfile
+        >>> logger = ciclo.tensorboard_logger(tempfile.mkdtemp())  # doctest: +SKIP
+    """
+
+    _owner = "tensorboard_logger"
 
     def __init__(
         self,
         logdir: str | os.PathLike[str],
-        interval: float,
-        writer_kwargs: Mapping[str, Any],
+        *,
+        interval: float = 5.0,
         process: int | None = 0,
+        **writer_kwargs: Any,
     ) -> None:
         self.logdir = str(logdir)
         super().__init__(
@@ -239,7 +254,6 @@ class TensorBoardLogger(WriterLogger):
             interval=interval,
             process=process,
             close=True,
-            owner="tensorboard_logger",
         )
 
     @property
@@ -255,37 +269,5 @@ class TensorBoardLogger(WriterLogger):
         self.end(loop_state)
 
 
-def tensorboard_logger(
-    logdir: str | os.PathLike[str],
-    *,
-    interval: float = 5.0,
-    process: int | None = 0,
-    **writer_kwargs: Any,
-) -> TensorBoardLogger:
-    """Writes every scalar log entry to TensorBoard event files (with tensorboardX).
-
-    It writes the rows of the loop's history, so values are fetched once (by the history,
-    in batches) and each scalar appears at its row's step (tag ``collection/name``, e.g.
-    ``losses/loss``, ``metrics/accuracy_test``). Rows are written at most every
-    ``interval`` seconds, at each epoch end, and when the loop ends (which closes the file;
-    in :func:`ciclo.loop` too). A resumed run hides the events that the interrupted run
-    wrote after the checkpoint (``purge_step``). It is :func:`ciclo.writer_logger` with a
-    :class:`ciclo.callbacks.TensorBoardWriter`.
-
-    Needs the extra: ``pip install 'ciclo-core[tensorboard]'``.
-
-    Args:
-        logdir: the directory of the event files (``tensorboard --logdir``).
-        interval: seconds between writes during training.
-        process: the process that writes (``None``: every process).
-        **writer_kwargs: passed to ``tensorboardX.SummaryWriter``.
-
-    Returns:
-        a callback object for ``callbacks=[...]`` of :func:`ciclo.train_loop`, or under a
-        schedule (or spread with ``**``) in :func:`ciclo.loop`.
-
-    Example:
-        >>> import ciclo, tempfile
-        >>> logger = ciclo.tensorboard_logger(tempfile.mkdtemp())  # doctest: +SKIP
-    """
-    return TensorBoardLogger(logdir, interval, writer_kwargs, process)
+tensorboard_logger = TensorBoardLogger
+"""Another name of :class:`TensorBoardLogger` (the same class)."""

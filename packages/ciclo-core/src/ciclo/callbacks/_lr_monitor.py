@@ -38,9 +38,33 @@ def injected_hyperparam(state: Any, name: str = "learning_rate") -> Any:
 
 
 class LearningRateMonitor(LoopCallbackBase):
-    """Logs the learning rate; made by :func:`learning_rate_monitor`."""
+    """Logs the current learning rate as the metric ``learning_rate``.
 
-    def __init__(self, schedule: Callable[[Any], Any] | None, steps: int, name: str) -> None:
+    Args:
+        schedule: an optax schedule, evaluated at the step count; without it, the value is
+            read from the ``optax.inject_hyperparams`` state inside the loop's state (on
+            device: no sync).
+        steps: log every ``steps`` steps (in ``train_loop``; in ``ciclo.loop`` the schedule
+            it is put under decides, ``every(steps)`` when spread with ``**``).
+        name: the hyperparameter to read, and the metric's name.
+
+    Example:
+        >>> import ciclo, optax, numpy as np
+        >>> lr = optax.linear_schedule(1.0, 0.0, transition_steps=4)
+        >>> step = lambda state, batch: state
+        >>> _, history, _ = ciclo.loop(None, [np.ones(1)] * 4, {ciclo.every(1): step,
+        ...                            **ciclo.learning_rate_monitor(lr)})
+        >>> [float(v) for v in history.collect("learning_rate")]
+        [1.0, 0.75, 0.5, 0.25]
+    """
+
+    def __init__(
+        self,
+        schedule: Callable[[Any], Any] | None = None,
+        *,
+        steps: int = 1,
+        name: str = "learning_rate",
+    ) -> None:
         if schedule is not None and not callable(schedule):
             raise TypeError(
                 f"learning_rate_monitor(schedule={schedule!r}): expected an optax schedule "
@@ -81,26 +105,5 @@ class LearningRateMonitor(LoopCallbackBase):
         return self.__loop_callback__(loop_state)
 
 
-def learning_rate_monitor(
-    schedule: Callable[[Any], Any] | None = None, *, steps: int = 1, name: str = "learning_rate"
-) -> LearningRateMonitor:
-    """Logs the current learning rate as the metric ``learning_rate``.
-
-    Args:
-        schedule: an optax schedule, evaluated at the step count; without it, the value is
-            read from the ``optax.inject_hyperparams`` state inside the loop's state (on
-            device: no sync).
-        steps: log every ``steps`` steps (in ``train_loop``; in ``ciclo.loop`` the schedule
-            it is put under decides, ``every(steps)`` when spread with ``**``).
-        name: the hyperparameter to read, and the metric's name.
-
-    Example:
-        >>> import ciclo, optax, numpy as np
-        >>> lr = optax.linear_schedule(1.0, 0.0, transition_steps=4)
-        >>> step = lambda state, batch: state
-        >>> _, history, _ = ciclo.loop(None, [np.ones(1)] * 4, {ciclo.every(1): step,
-        ...                            **ciclo.learning_rate_monitor(lr)})
-        >>> [float(v) for v in history.collect("learning_rate")]
-        [1.0, 0.75, 0.5, 0.25]
-    """
-    return LearningRateMonitor(schedule, steps, name)
+learning_rate_monitor = LearningRateMonitor
+"""Another name of :class:`LearningRateMonitor` (the same class)."""

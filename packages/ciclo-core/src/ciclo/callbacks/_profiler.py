@@ -18,17 +18,40 @@ __all__ = ["Profiler", "profiler"]
 
 
 class Profiler(LoopCallbackBase):
-    """Traces steps with ``jax.profiler``; made by :func:`profiler`."""
+    """Takes a ``jax.profiler`` trace of ``steps`` steps.
+
+    The trace starts at step ``start`` (after compilation, by default), or each time the
+    schedule ``start`` fires (``start=ciclo.every(1000)``), and is written under
+    ``logdir/plugins/profile/<run>/`` (``*.xplane.pb``), where TensorBoard's profile plugin
+    (``tensorboard --logdir logdir``) and xprof read it; with ``perfetto=True`` also a
+    ``perfetto_trace.json.gz`` for https://ui.perfetto.dev. The device is waited for once, at
+    the end of each trace; the loop's end ends a trace still running.
+
+    Args:
+        logdir: the directory of the traces (a TensorBoard log directory).
+        start: the step to start at, or a schedule.
+        steps: how many steps each trace covers.
+        perfetto: also write a Perfetto trace.
+        process: the process that traces (``None``: every process).
+
+    Use it in ``callbacks=[...]`` of :func:`ciclo.train_loop` (it runs before each step), or
+    spread with ``**`` first in :func:`ciclo.loop`'s tasks.
+
+    Example:
+        >>> import ciclo, tempfile
+        >>> trace = ciclo.profiler(tempfile.mkdtemp(), start=3, steps=2)  # doctest: +SKIP
+    """
 
     __loop_observer__ = True  # reads the loop only
 
     def __init__(
         self,
         logdir: str | os.PathLike[str],
-        start: int | Schedule,
-        steps: int,
-        perfetto: bool,
-        process: int | None,
+        *,
+        start: int | Schedule = 10,
+        steps: int = 5,
+        perfetto: bool = False,
+        process: int | None = 0,
     ) -> None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise TypeError(f"profiler(steps={steps!r}): expected how many steps to trace, >= 1")
@@ -82,36 +105,5 @@ class Profiler(LoopCallbackBase):
         self.__loop_callback__(loop_state)
 
 
-def profiler(
-    logdir: str | os.PathLike[str],
-    *,
-    start: int | Schedule = 10,
-    steps: int = 5,
-    perfetto: bool = False,
-    process: int | None = 0,
-) -> Profiler:
-    """Takes a ``jax.profiler`` trace of ``steps`` steps.
-
-    The trace starts at step ``start`` (after compilation, by default), or each time the
-    schedule ``start`` fires (``start=ciclo.every(1000)``), and is written under
-    ``logdir/plugins/profile/<run>/`` (``*.xplane.pb``), where TensorBoard's profile plugin
-    (``tensorboard --logdir logdir``) and xprof read it; with ``perfetto=True`` also a
-    ``perfetto_trace.json.gz`` for https://ui.perfetto.dev. The device is waited for once, at
-    the end of each trace; the loop's end ends a trace still running.
-
-    Args:
-        logdir: the directory of the traces (a TensorBoard log directory).
-        start: the step to start at, or a schedule.
-        steps: how many steps each trace covers.
-        perfetto: also write a Perfetto trace.
-        process: the process that traces (``None``: every process).
-
-    Returns:
-        a callback object: ``callbacks=[...]`` of :func:`ciclo.train_loop` (it runs before
-        each step), or spread with ``**`` first in :func:`ciclo.loop`'s tasks.
-
-    Example:
-        >>> import ciclo, tempfile
-        >>> trace = ciclo.profiler(tempfile.mkdtemp(), start=3, steps=2)  # doctest: +SKIP
-    """
-    return Profiler(logdir, start, steps, perfetto, process)
+profiler = Profiler
+"""Another name of :class:`Profiler` (the same class)."""

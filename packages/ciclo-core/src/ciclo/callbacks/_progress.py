@@ -23,7 +23,7 @@ from .._time._elapsed import Elapsed, Period
 from .._time._periods import period_unit
 from ._running_mean import RunningMean, check_running_mean
 
-__all__ = ["keras_bar", "tqdm_bar", "latest_entries", "named_entries"]
+__all__ = ["KerasBar", "keras_bar", "TqdmBar", "tqdm_bar", "latest_entries", "named_entries"]
 
 MSG_NO_TOTAL = (
     "{what}() was given no total, and the loop cannot tell it: it has no stop, and its "
@@ -280,7 +280,54 @@ def _format_per_unit(seconds: float, unit: str) -> str:
 
 
 class KerasBar(_Bar):
-    """The Keras progress line; see :func:`keras_bar`."""
+    """A Keras-style progress line for a run of ``total`` steps, samples or seconds::
+
+        80/100 [=======================>......] - ETA: 2s - accuracy: 0.6148 - loss: 1.5371
+        100/100 [==============================] - 5s 50ms/step - accuracy: 0.9 - loss: 0.31
+
+    It shows the latest value of every scalar loss and metric (evaluation entries such as
+    ``accuracy_test`` included once they exist), or with ``running_mean=True`` Keras'
+    values, reaches ``total/total`` when the run ends, and fetches values only when it
+    redraws.
+
+    Args:
+        total: an int (steps) or ``ciclo.at(samples=...)`` / ``ciclo.at(time=seconds)``.
+            By default the loop tells it when the bar is first called: its ``stop`` (in
+            ``train_loop(epochs=N)``, N epochs of the data), else ``len(dataset)`` steps;
+            an error says to pass it when the loop has neither.
+        interval: seconds between redraws on a terminal (about 10 per second).
+        plain_interval: seconds between lines when not on a terminal (log files, CI); a
+            line is also written at each epoch end and at the end.
+        width: characters of the bar.
+        dynamic: redraw in place (``\\r``); by default when the output is a terminal or a
+            notebook.
+        file: where to write (``sys.stdout`` by default).
+        process: with several processes, the one that draws the bar (0 by default), or
+            ``None`` for every process.
+        running_mean: show what Keras' bar shows: each training loss and metric averaged
+            over the epoch so far (in :func:`ciclo.loop`, over the loop so far), weighted by
+            samples like ciclo's evaluation means; ``stateful_metrics`` and evaluation
+            entries (``accuracy_test``) as they are. Training entries are those in the
+            step's logs when the bar updates after the training step (``on_train_batch_end``
+            in ``train_loop``; in ``ciclo.loop``, put evaluations after the bar). The
+            values between redraws are read from the loop's history when the bar redraws:
+            no step waits for the device.
+
+    Put it in ``callbacks=[...]`` of :func:`ciclo.train_loop`, or spread it into the tasks of
+    :func:`ciclo.loop` (``{**ciclo.keras_bar(1000)}``) after the training step.
+
+    Example:
+        >>> import ciclo, io, numpy as np
+        >>> out = io.StringIO()
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_loss("loss", 0.5), state
+        >>> _ = ciclo.loop(
+        ...     None, [np.ones(2)] * 4,
+        ...     {ciclo.every(1): train_step, **ciclo.keras_bar(4, file=out)},
+        ... )
+        >>> out.getvalue().splitlines()[-1].startswith("4/4 [======")
+        True
+    """
 
     def __init__(
         self,
@@ -349,81 +396,34 @@ class KerasBar(_Bar):
         file.flush()
 
 
-def keras_bar(
-    total: int | Period | None = None,
-    *,
-    interval: float = 0.1,
-    plain_interval: float = 10.0,
-    width: int = 30,
-    dynamic: bool | None = None,
-    file: IO[str] | None = None,
-    process: int | None = OUTPUT_PROCESS,
-    running_mean: bool = False,
-) -> KerasBar:
-    """A Keras-style progress line for a run of ``total`` steps, samples or seconds::
-
-        80/100 [=======================>......] - ETA: 2s - accuracy: 0.6148 - loss: 1.5371
-        100/100 [==============================] - 5s 50ms/step - accuracy: 0.9 - loss: 0.31
-
-    It shows the latest value of every scalar loss and metric (evaluation entries such as
-    ``accuracy_test`` included once they exist), or with ``running_mean=True`` Keras'
-    values, reaches ``total/total`` when the run ends, and fetches values only when it
-    redraws.
-
-    Args:
-        total: an int (steps) or ``ciclo.at(samples=...)`` / ``ciclo.at(time=seconds)``.
-            By default the loop tells it when the bar is first called: its ``stop`` (in
-            ``train_loop(epochs=N)``, N epochs of the data), else ``len(dataset)`` steps;
-            an error says to pass it when the loop has neither.
-        interval: seconds between redraws on a terminal (about 10 per second).
-        plain_interval: seconds between lines when not on a terminal (log files, CI); a
-            line is also written at each epoch end and at the end.
-        width: characters of the bar.
-        dynamic: redraw in place (``\\r``); by default when the output is a terminal or a
-            notebook.
-        file: where to write (``sys.stdout`` by default).
-        process: with several processes, the one that draws the bar (0 by default), or
-            ``None`` for every process.
-        running_mean: show what Keras' bar shows: each training loss and metric averaged
-            over the epoch so far (in :func:`ciclo.loop`, over the loop so far), weighted by
-            samples like ciclo's evaluation means; ``stateful_metrics`` and evaluation
-            entries (``accuracy_test``) as they are. Training entries are those in the
-            step's logs when the bar updates after the training step (``on_train_batch_end``
-            in ``train_loop``; in ``ciclo.loop``, put evaluations after the bar). The
-            values between redraws are read from the loop's history when the bar redraws:
-            no step waits for the device.
-
-    Returns:
-        a callback object: put it in ``callbacks=[...]`` of :func:`ciclo.train_loop`, or
-        spread it into the tasks of :func:`ciclo.loop` (``{**ciclo.keras_bar(1000)}``) after
-        the training step.
-
-    Example:
-        >>> import ciclo, io, numpy as np
-        >>> out = io.StringIO()
-        >>> def train_step(state, batch):
-        ...     return ciclo.logs().add_loss("loss", 0.5), state
-        >>> _ = ciclo.loop(
-        ...     None, [np.ones(2)] * 4,
-        ...     {ciclo.every(1): train_step, **ciclo.keras_bar(4, file=out)},
-        ... )
-        >>> out.getvalue().splitlines()[-1].startswith("4/4 [======")
-        True
-    """
-    return KerasBar(
-        total,
-        interval=interval,
-        plain_interval=plain_interval,
-        width=width,
-        dynamic=dynamic,
-        file=file,
-        process=process,
-        running_mean=running_mean,
-    )
+keras_bar = KerasBar
+"""Another name of :class:`KerasBar` (the same class)."""
 
 
 class TqdmBar(_Bar):
-    """A tqdm bar; see :func:`tqdm_bar`."""
+    """A `tqdm <https://tqdm.github.io>`_ bar for a run of ``total`` steps, samples or
+    seconds, with the latest losses and metrics as its postfix (or, with
+    ``running_mean=True``, Keras' values: see :class:`KerasBar`).
+
+    Args:
+        total: an int (steps) or ``ciclo.at(samples=...)`` / ``ciclo.at(time=seconds)``;
+            by default the loop's ``stop`` or ``len(dataset)``, as in :class:`KerasBar`.
+        interval: seconds between redraws (and between fetches of the values shown).
+        file: where to write (tqdm's default, stderr, when ``None``).
+        process: with several processes, the one that draws the bar (0 by default), or
+            ``None`` for every process.
+        running_mean: training losses and metrics averaged over the epoch so far, as in
+            :class:`KerasBar`.
+        **tqdm_kwargs: passed to ``tqdm`` (``desc``, ``ncols``, ``leave``...).
+
+    Use it like :class:`KerasBar`.
+
+    Example:
+        >>> import ciclo
+        >>> bar = ciclo.tqdm_bar(ciclo.at(samples=60_000), desc="train")
+        >>> bar.unit, bar.total
+        ('samples', 60000)
+    """
 
     by_hand_arguments = ("batch", "logs")  # bar(elapsed, batch), as in the original ciclo
 
@@ -465,44 +465,5 @@ class TqdmBar(_Bar):
             bar.close()
 
 
-def tqdm_bar(
-    total: int | Period | None = None,
-    *,
-    interval: float = 0.1,
-    file: IO[str] | None = None,
-    process: int | None = OUTPUT_PROCESS,
-    running_mean: bool = False,
-    **tqdm_kwargs: Any,
-) -> TqdmBar:
-    """A `tqdm <https://tqdm.github.io>`_ bar for a run of ``total`` steps, samples or
-    seconds, with the latest losses and metrics as its postfix (or, with
-    ``running_mean=True``, Keras' values: see :func:`keras_bar`).
-
-    Args:
-        total: an int (steps) or ``ciclo.at(samples=...)`` / ``ciclo.at(time=seconds)``;
-            by default the loop's ``stop`` or ``len(dataset)``, as in :func:`keras_bar`.
-        interval: seconds between redraws (and between fetches of the values shown).
-        file: where to write (tqdm's default, stderr, when ``None``).
-        process: with several processes, the one that draws the bar (0 by default), or
-            ``None`` for every process.
-        running_mean: training losses and metrics averaged over the epoch so far, as in
-            :func:`keras_bar`.
-        **tqdm_kwargs: passed to ``tqdm`` (``desc``, ``ncols``, ``leave``...).
-
-    Returns:
-        a callback object, used like :func:`keras_bar`.
-
-    Example:
-        >>> import ciclo
-        >>> bar = ciclo.tqdm_bar(ciclo.at(samples=60_000), desc="train")
-        >>> bar.unit, bar.total
-        ('samples', 60000)
-    """
-    return TqdmBar(
-        total,
-        interval=interval,
-        file=file,
-        process=process,
-        running_mean=running_mean,
-        **tqdm_kwargs,
-    )
+tqdm_bar = TqdmBar
+"""Another name of :class:`TqdmBar` (the same class)."""

@@ -58,14 +58,44 @@ def lowered_flops(lowered_call: Any) -> float | None:
 
 
 class Throughput(LoopCallbackBase):
-    """Logs the pace of the loop; made by :func:`throughput`."""
+    """Logs the loop's pace as metrics: ``steps_per_second``, ``samples_per_second`` and,
+    given the FLOPs of a step, ``flops_per_second`` and ``mfu`` (the fraction of
+    ``peak_flops``).
+
+    Each value covers the window since the previous log (every ``steps`` steps); the first
+    call opens the window and logs nothing. Time is read on the host, so nothing waits for
+    the device: with the loop's bound on steps queued ahead, the host's pace over a window
+    is the device's. The values go into the history like any metric, and the bars show them.
+
+    Args:
+        steps: the window, in steps (in ``train_loop``; in ``ciclo.loop`` the schedule it is
+            put under decides, ``every(steps)`` when spread with ``**``).
+        flops_per_step: the FLOPs of one step, or the step itself: a jitted function
+            (``jax.jit``), or a managed step, bound or not (``state.train_step``,
+            ``type(state).train_step``, an adapter's state's ``train_step``). Its compiled
+            call's ``cost_analysis`` on the loop's state and batch gives the FLOPs, read at
+            the first call, when the loop starts: a step that cannot be lowered on them
+            stops the loop there, with an error naming ``throughput`` (see
+            :func:`compiled_flops`).
+        peak_flops: the devices' peak FLOP/s, for ``mfu``.
+        prefix: put before each name (e.g. ``"train_"``).
+
+    Example:
+        >>> import ciclo, numpy as np
+        >>> step = lambda state, batch: state
+        >>> _, history, _ = ciclo.loop(None, [np.ones(2)] * 5, {ciclo.every(1): step,
+        ...                            **ciclo.throughput(2)})
+        >>> len(history.collect("steps_per_second"))  # at steps 2 and 4
+        2
+    """
 
     def __init__(
         self,
-        steps: int,
-        flops_per_step: float | Callable[..., Any] | None,
-        peak_flops: float | None,
-        prefix: str,
+        steps: int = 100,
+        *,
+        flops_per_step: float | Callable[..., Any] | None = None,
+        peak_flops: float | None = None,
+        prefix: str = "",
     ) -> None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise TypeError(f"throughput(steps={steps!r}): expected an int >= 1")
@@ -154,41 +184,5 @@ class Throughput(LoopCallbackBase):
         return self.measure(loop_state)
 
 
-def throughput(
-    steps: int = 100,
-    *,
-    flops_per_step: float | Callable[..., Any] | None = None,
-    peak_flops: float | None = None,
-    prefix: str = "",
-) -> Throughput:
-    """Logs the loop's pace as metrics: ``steps_per_second``, ``samples_per_second`` and,
-    given the FLOPs of a step, ``flops_per_second`` and ``mfu`` (the fraction of
-    ``peak_flops``).
-
-    Each value covers the window since the previous log (every ``steps`` steps); the first
-    call opens the window and logs nothing. Time is read on the host, so nothing waits for
-    the device: with the loop's bound on steps queued ahead, the host's pace over a window
-    is the device's. The values go into the history like any metric, and the bars show them.
-
-    Args:
-        steps: the window, in steps (in ``train_loop``; in ``ciclo.loop`` the schedule it is
-            put under decides, ``every(steps)`` when spread with ``**``).
-        flops_per_step: the FLOPs of one step, or the step itself: a jitted function
-            (``jax.jit``), or a managed step, bound or not (``state.train_step``,
-            ``type(state).train_step``, an adapter's state's ``train_step``). Its compiled
-            call's ``cost_analysis`` on the loop's state and batch gives the FLOPs, read at
-            the first call, when the loop starts: a step that cannot be lowered on them
-            stops the loop there, with an error naming ``throughput`` (see
-            :func:`compiled_flops`).
-        peak_flops: the devices' peak FLOP/s, for ``mfu``.
-        prefix: put before each name (e.g. ``"train_"``).
-
-    Example:
-        >>> import ciclo, numpy as np
-        >>> step = lambda state, batch: state
-        >>> _, history, _ = ciclo.loop(None, [np.ones(2)] * 5, {ciclo.every(1): step,
-        ...                            **ciclo.throughput(2)})
-        >>> len(history.collect("steps_per_second"))  # at steps 2 and 4
-        2
-    """
-    return Throughput(steps, flops_per_step, peak_flops, prefix)
+throughput = Throughput
+"""Another name of :class:`Throughput` (the same class)."""

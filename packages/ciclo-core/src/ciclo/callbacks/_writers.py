@@ -2,11 +2,11 @@
 
 :class:`MetricWriter` is CLU's ``MetricWriter`` interface (``write_scalars``,
 ``write_images``, ``write_histograms``, ``write_hparams``, ``flush``, ``close``), so any CLU
-writer works as it is. :func:`writer_logger` sends the rows of the loop's history to one:
-values are read from the history (fetched by it in batches), so it adds no device sync per
-step. The built-in writers: :class:`TensorBoardWriter` (tensorboardX), :class:`WandbWriter`
-(``wandb``) and :class:`MLflowWriter` (``mlflow`` or ``mlflow-skinny``), each imported only
-when created.
+writer works as it is. :class:`WriterLogger` (``writer_logger``) sends the rows of the loop's
+history to one: values are read from the history (fetched by it in batches), so it adds no
+device sync per step. The built-in writers: :class:`TensorBoardWriter` (tensorboardX),
+:class:`WandbWriter` (``wandb``) and :class:`MLflowWriter` (``mlflow`` or ``mlflow-skinny``),
+each imported only when created.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ __all__ = [
 
 @runtime_checkable
 class MetricWriter(Protocol):
-    """What :func:`writer_logger` writes to: CLU's ``MetricWriter`` interface.
+    """What :class:`WriterLogger` writes to: CLU's ``MetricWriter`` interface.
 
     A writer may also define ``resume_at(step)``: told, before its first write in a resumed
     run, the step of the last row written before the checkpoint, so that it can drop or hide
@@ -101,13 +101,45 @@ def scalar_rows(history: History, start: int, end: int) -> list[tuple[int, dict[
 
 
 class WriterLogger(LoopCallbackBase):
-    """Sends history rows to a :class:`MetricWriter`; made by :func:`writer_logger`.
+    """Sends every scalar row of the loop's history to a metric writer.
+
+    Each row is written once, as ``writer.write_scalars(step, {"collection/name": value})``
+    (``losses/loss``, ``metrics/accuracy_test``), at most every ``interval`` seconds, at each
+    epoch end and when the loop ends (which flushes the writer, in ``ciclo.loop`` too). The
+    values come from the history, fetched by it in batches: no device sync per step. A
+    resumed run continues after the checkpoint's last row (and tells a writer with
+    ``resume_at(step)`` where it resumed, so rows the interrupted run wrote later are not
+    duplicated).
+
+    Args:
+        writer: a :class:`MetricWriter`: :class:`TensorBoardWriter`, :class:`WandbWriter`,
+            :class:`MLflowWriter`, or any CLU metric writer.
+        interval: seconds between writes during training.
+        process: the process that writes (``None``: every process).
+        hparams: written once with ``write_hparams`` before the first row.
+        close: close the writer when the loop ends (else only flush).
+
+    Use it in ``callbacks=[...]`` of :func:`ciclo.train_loop`, or under a schedule (or
+    spread with ``**``) in :func:`ciclo.loop`.
 
     Attributes:
         metric_writer: the writer.
+
+    Example:
+        >>> import ciclo, numpy as np
+        >>> class Printer:  # a CLU-style writer
+        ...     def write_scalars(self, step, scalars): print(step, scalars)
+        ...     def flush(self): pass
+        >>> def step(state, batch):
+        ...     return ciclo.logs().add_loss("loss", 0.5), state
+        >>> _ = ciclo.loop(None, [np.ones(1)] * 2, {ciclo.every(1): step,
+        ...                **ciclo.writer_logger(Printer(), interval=60)})
+        0 {'losses/loss': 0.5}
+        1 {'losses/loss': 0.5}
     """
 
     __loop_observer__ = True  # reads the loop only: runs once per fused group
+    _owner = "writer_logger"  # the name its errors give (a subclass's own)
 
     def __init__(
         self,
@@ -117,8 +149,8 @@ class WriterLogger(LoopCallbackBase):
         process: int | None = 0,
         hparams: Mapping[str, Any] | None = None,
         close: bool = False,
-        owner: str = "writer_logger",
     ) -> None:
+        owner = self._owner
         if not callable(getattr(writer, "write_scalars", None)):
             raise TypeError(
                 f"{owner}: {type(writer).__name__} is not a metric writer (it has no "
@@ -214,49 +246,8 @@ class WriterLogger(LoopCallbackBase):
         self.write(loop_state)
 
 
-def writer_logger(
-    writer: Any,
-    *,
-    interval: float = 5.0,
-    process: int | None = 0,
-    hparams: Mapping[str, Any] | None = None,
-    close: bool = False,
-) -> WriterLogger:
-    """Sends every scalar row of the loop's history to a metric writer.
-
-    Each row is written once, as ``writer.write_scalars(step, {"collection/name": value})``
-    (``losses/loss``, ``metrics/accuracy_test``), at most every ``interval`` seconds, at each
-    epoch end and when the loop ends (which flushes the writer, in ``ciclo.loop`` too). The
-    values come from the history, fetched by it in batches: no device sync per step. A
-    resumed run continues after the checkpoint's last row (and tells a writer with
-    ``resume_at(step)`` where it resumed, so rows the interrupted run wrote later are not
-    duplicated).
-
-    Args:
-        writer: a :class:`MetricWriter`: :class:`TensorBoardWriter`, :class:`WandbWriter`,
-            :class:`MLflowWriter`, or any CLU metric writer.
-        interval: seconds between writes during training.
-        process: the process that writes (``None``: every process).
-        hparams: written once with ``write_hparams`` before the first row.
-        close: close the writer when the loop ends (else only flush).
-
-    Returns:
-        a callback object: ``callbacks=[...]`` of :func:`ciclo.train_loop`, or under a
-        schedule (or spread with ``**``) in :func:`ciclo.loop`.
-
-    Example:
-        >>> import ciclo, numpy as np
-        >>> class Printer:  # a CLU-style writer
-        ...     def write_scalars(self, step, scalars): print(step, scalars)
-        ...     def flush(self): pass
-        >>> def step(state, batch):
-        ...     return ciclo.logs().add_loss("loss", 0.5), state
-        >>> _ = ciclo.loop(None, [np.ones(1)] * 2, {ciclo.every(1): step,
-        ...                **ciclo.writer_logger(Printer(), interval=60)})
-        0 {'losses/loss': 0.5}
-        1 {'losses/loss': 0.5}
-    """
-    return WriterLogger(writer, interval=interval, process=process, hparams=hparams, close=close)
+writer_logger = WriterLogger
+"""Another name of :class:`WriterLogger` (the same class)."""
 
 
 # --- the built-in writers ------------------------------------------------------------------------
