@@ -41,7 +41,21 @@ def _bad_json(directory: Path) -> None:
     (directory / "meta" / "metadata").write_text('{"format": 1, "elapsed": ')
 
 
-DAMAGES = {"truncated files": _truncate, "missing state": _remove_state, "bad JSON": _bad_json}
+def _truncate_every_file(directory: Path) -> None:
+    """orbax's own files too (``_CHECKPOINT_METADATA``, the ``metrics`` item), which orbax
+    reads when it opens the directory."""
+    for path in directory.rglob("*"):
+        if path.is_file():
+            with open(path, "r+b") as f:
+                f.truncate(path.stat().st_size // 2)
+
+
+DAMAGES = {
+    "truncated files": _truncate,
+    "missing state": _remove_state,
+    "bad JSON": _bad_json,
+    "every file truncated": _truncate_every_file,
+}
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))

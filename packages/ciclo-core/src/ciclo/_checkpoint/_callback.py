@@ -235,7 +235,7 @@ class Checkpoint(LoopCallbackBase):
             self._loop, self._end_step = loop_state, None
             manager.reload()
             self._set_aside_passed_over(manager)
-            later = [s for s in manager.all_steps() if s > step]
+            later = [s for s in _format.steps_on_disk(manager, self.directory) if s > step]
             if later:
                 raise FileExistsError(
                     f"checkpoint directory {self.directory!r} already holds checkpoints of "
@@ -291,7 +291,7 @@ class Checkpoint(LoopCallbackBase):
         orbax's ``keep`` must neither count them nor evict the checkpoint resumed from for
         them. They are kept, never deleted."""
         passed = _format.passed_over(self.directory)
-        present = [s for s in manager.all_steps() if s in passed]
+        present = [s for s in _format.steps_on_disk(manager, self.directory) if s in passed]
         if not present or "://" in self.directory:
             return
         moved = [_format.set_aside(self.directory, s, passed[s].replace("-", "")) for s in present]

@@ -48,7 +48,9 @@ field                what it holds
 Every checkpoint has orbax metrics ``{"finite": bool}``: a checkpoint of a non-finite state
 (saved at the stop after a NaN) never evicts the newest finite one, and resume and
 :func:`read_newest` pass it over. A damaged checkpoint (a truncated or missing file, a
-missing item, bad JSON) is a :class:`DamagedCheckpoint`; :func:`read_newest` passes it over
+missing item, bad JSON, orbax's own files included: a step whose ``_CHECKPOINT_METADATA``
+or ``metrics`` cannot be read is hidden from orbax, which would fail to open the
+directory, see :func:`steps_on_disk`) is a :class:`DamagedCheckpoint`; :func:`read_newest` passes it over
 with a warning. Nothing is ever deleted but by the ``keep`` policy: a passed-over
 checkpoint whose step a resumed run saves again is set aside (:func:`set_aside`).
 
@@ -63,6 +65,7 @@ Reading: :func:`open_reader`, :func:`read` (a :class:`Contents`), :func:`read_ne
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import re
@@ -94,6 +97,7 @@ __all__ = [
     "DamagedCheckpoint",
     "WriteFailed",
     "read_newest",
+    "steps_on_disk",
     "passed_over",
     "set_aside",
     "all_finite",
@@ -169,6 +173,72 @@ def _finite_metrics(metrics: Any) -> bool:
     return not isinstance(metrics, Mapping) or metrics.get("finite", True) is not False
 
 
+#: Steps whose orbax files (read when a manager opens the directory: the step's
+#: ``_CHECKPOINT_METADATA``, its ``metrics`` item) cannot be read, by directory:
+#: ``{path: {step: (file, error)}}``. orbax would fail to open the directory for them, so
+#: :class:`_IntactSteps` hides them from its managers and :func:`read` reports them damaged.
+_unreadable: dict[str, dict[int, tuple[str, Exception]]] = {}
+_ORBAX_FILES = ("_CHECKPOINT_METADATA", os.path.join("metrics", "metrics"))
+
+
+def _orbax_damage(step_directory: str) -> tuple[str, Exception] | None:
+    """``(file, error)`` for the first of orbax's own files of a step that cannot be read
+    (a missing one is orbax's to handle); ``None`` when they read."""
+    for name in _ORBAX_FILES:
+        file = os.path.join(step_directory, name)
+        try:
+            with open(file, encoding="utf-8") as f:
+                value = json.load(f)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as error:
+            return file, error
+        if not isinstance(value, dict):
+            return file, ValueError(f"not a JSON object: {str(value)[:40]!r}")
+    return None
+
+
+class _IntactSteps:
+    """orbax's standard step names (``<step>``), less the steps of a local directory whose
+    orbax files cannot be read (recorded in ``_unreadable[path]``): an orbax step name
+    format, given to every manager ciclo opens."""
+
+    def __init__(self, path: str) -> None:
+        import orbax.checkpoint as ocp
+
+        self.path = path
+        self.names = ocp.step.standard_name_format()
+
+    def __str__(self) -> str:
+        return f"ciclo intact steps of {self.names}"
+
+    def build_name(self, step: int) -> str:
+        return str(self.names.build_name(step))
+
+    def find_all(self, base_path: Any) -> Any:
+        found, unreadable = [], {}
+        for metadata in self.names.find_all(base_path):
+            damage = None if "://" in self.path else _orbax_damage(str(metadata.path))
+            if damage is None:
+                found.append(metadata)
+            else:
+                unreadable[metadata.step] = damage
+        _unreadable[self.path] = unreadable
+        return iter(found)
+
+    def find_step(self, base_path: Any, step: int) -> Any:
+        metadata = self.names.find_step(base_path, step)
+        if "://" not in self.path and _orbax_damage(str(metadata.path)) is not None:
+            raise ValueError(f"checkpoint {step} in {self.path!r} is damaged")
+        return metadata
+
+
+def steps_on_disk(manager: Any, path: str) -> list[int]:
+    """The steps of ``path``, oldest first: those of ``manager`` and those it hides because
+    orbax's own files of the step cannot be read (damaged, see :func:`read`)."""
+    return sorted({*manager.all_steps(), *_unreadable.get(path, {})})
+
+
 def open_writer(
     path: str, *, keep: int | None, monitor: str | None, mode: str, async_save: bool
 ) -> Any:
@@ -208,6 +278,7 @@ def open_writer(
         best_fn=best_fn,
         best_mode=mode,
         cleanup_tmp_directories=True,
+        step_name_format=_IntactSteps(path),
     )
     return ocp.CheckpointManager(path, options=options)
 
@@ -236,9 +307,11 @@ def open_reader(path: str, *, must_exist: bool) -> Any:
     import orbax.checkpoint as ocp
 
     # Not read_only=True: orbax logs a warning for it. Nothing is written without a save.
-    options = ocp.CheckpointManagerOptions(create=False, enable_async_checkpointing=False)
+    options = ocp.CheckpointManagerOptions(
+        create=False, enable_async_checkpointing=False, step_name_format=_IntactSteps(path)
+    )
     manager = ocp.CheckpointManager(path, options=options)
-    if not manager.all_steps():
+    if not steps_on_disk(manager, path):
         manager.close()
         if not must_exist:
             return None
@@ -813,7 +886,9 @@ def read(manager: Any, path: str, step: int, target: Any, *, copies: bool = True
     import orbax.checkpoint as ocp
 
     where = f"checkpoint {step} in {path!r}"
-    steps = list(manager.all_steps())
+    steps = steps_on_disk(manager, path)
+    if step in _unreadable.get(path, {}):
+        raise _damaged(path, step, *_unreadable[path][step], steps)
     meta_file = os.path.join(path, str(step), "meta", "metadata")
     try:
         meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
@@ -986,7 +1061,7 @@ def read_newest(manager: Any, path: str, target: Any, *, copies: bool = True) ->
         ValueError: ``target`` does not have the saved structure (not passed over: the
             other checkpoints have the same structure).
     """
-    steps = sorted(manager.all_steps(), reverse=True)
+    steps = steps_on_disk(manager, path)[::-1]
     finite = [step for step in steps if is_finite_step(manager, step)]
     order = finite + [step for step in steps if step not in finite]
     skipped = _passed_over.setdefault(path, {})
