@@ -493,10 +493,33 @@ def _check_structure(saved: list[list[Any]], target: list[list[Any]], where: str
                     f"{t[0]}: shape {tuple(s[2])} {s[3]} in the checkpoint, "
                     f"{tuple(t[2])} {t[3]} in the state"
                 )
+            elif s_value and _dtype_kind(s[3]) != _dtype_kind(t[3]) and "python" not in (s[1], t[1]):
+                problems.append(
+                    f"{t[0] or 'the state (one array)'}: {s[3]} in the checkpoint, {t[3]} in "
+                    f"the state (restoring would cast the values)"
+                )
             if len(problems) >= 5:
                 break
     if problems:
         raise structure_error(where, "; ".join(problems))
+
+
+def _dtype_kind(name: str) -> str:
+    """The kind of a saved dtype name (``"floating"``, ``"integer"``, ``"bool"``,
+    ``"complexfloating"``), or the name itself for another one (a PRNG key's ``key<fry>``).
+
+    Example:
+        >>> _dtype_kind("bfloat16"), _dtype_kind("uint8"), _dtype_kind("key<fry>")
+        ('floating', 'integer', 'key<fry>')
+    """
+    try:
+        dtype = jnp.dtype(name)
+    except TypeError:
+        return name
+    for kind in (jnp.bool_, jnp.integer, jnp.floating, jnp.complexfloating):
+        if jnp.issubdtype(dtype, kind):
+            return kind.__name__
+    return name
 
 
 def _is_key(value: Any) -> bool:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._loop._callback import LoopInterrupted, as_callback
+from .._loop._arguments import is_empty
 from .._loop._state import LoopState
 from .._loop._step import run_callbacks
 from .._records._history import History
@@ -150,6 +151,11 @@ def train_loop(
         ([2, 5], [0.125, 0.015625])
     """
     check_no_hooks("train_loop", loop_kwargs)
+    if is_empty(train_dataset):
+        raise ValueError(
+            "train_loop(train_dataset=...) is empty (it has no batch), so there is nothing to "
+            "train on. Give a dataset with batches (a list, a generator, a DataLoader...)."
+        )
     registry = Registry(
         "train_loop", moments("train", "test"), "on_train_step", state, tasks, callbacks
     )
