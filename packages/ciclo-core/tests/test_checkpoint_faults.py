@@ -50,7 +50,12 @@ def _truncate_every_file(directory: Path) -> None:
                 f.truncate(path.stat().st_size // 2)
 
 
+def _remove_orbax_metadata(directory: Path) -> None:
+    (directory / "_CHECKPOINT_METADATA").unlink()
+
+
 DAMAGES = {
+    "missing orbax metadata": _remove_orbax_metadata,
     "truncated files": _truncate,
     "missing state": _remove_state,
     "bad JSON": _bad_json,
@@ -73,6 +78,23 @@ def test_a_damaged_latest_checkpoint_falls_back_and_the_resumed_run_is_exact(
     assert any("[14]" in m and "set aside as ['14.damaged'] (not deleted)" in m for m in messages)
     assert resumed == training.reference()
     assert (directory / "14.damaged").is_dir()  # set aside when step 14 was written anew
+
+
+@pytest.mark.parametrize("damage", ["missing orbax metadata", "every file truncated"])
+def test_orbax_logs_nothing_about_a_step_that_ciclo_passes_over(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 28: orbax's "Metadata file does not exist" / "Failed to json parse Metadata
+    # file" about the step ciclo passes over (and sets aside) were shown on resume.
+    directory = tmp_path / "run"
+    training.run(str(directory), stop=14)
+    DAMAGES[damage](directory / "14")
+    with caplog.at_level("INFO"), pytest.warns(RuntimeWarning) as warned:
+        training.run(str(directory), resume=True)
+    assert any("passing over damaged checkpoint 14" in str(w.message) for w in warned)
+    about_it = [r.getMessage() for r in caplog.records if "/14/" in r.getMessage()]
+    assert not [m for m in about_it if "Metadata" in m], about_it
+    assert (directory / "14.damaged").is_dir()
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))

@@ -13,6 +13,7 @@ import jax
 
 from .._loop._base import LoopCallbackBase
 from .._loop._state import LoopState
+from .._processes._agreement import fault_of_another_process
 from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records import _host
 from .._time._schedules import Schedule, every
@@ -260,6 +261,9 @@ class Checkpoint(LoopCallbackBase):
             try:
                 write()
             except _format.WriteFailed as error:
+                fault = fault_of_another_process()  # its collectives failed with it
+                if fault is not None:
+                    raise fault from error
                 raise RuntimeError(
                     f"ciclo.checkpoint: cannot write checkpoint {step} to {self.directory!r}: "
                     f"{error.__cause__!r}. {_FIX}"
@@ -323,6 +327,9 @@ class Checkpoint(LoopCallbackBase):
                 self._manager.wait_until_finished()
         except Exception as error:
             failed, self._last_step = self._last_step, None  # not on disk: may be saved again
+            fault = fault_of_another_process()  # its collectives failed with it
+            if fault is not None:
+                raise fault from error
             cause = error.__cause__ if isinstance(error, _format.WriteFailed) else error
             raise RuntimeError(
                 f"ciclo.checkpoint: writing checkpoint {failed} to {self.directory!r} failed "

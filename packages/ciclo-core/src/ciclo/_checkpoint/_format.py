@@ -182,14 +182,18 @@ _ORBAX_FILES = ("_CHECKPOINT_METADATA", os.path.join("metrics", "metrics"))
 
 
 def _orbax_damage(step_directory: str) -> tuple[str, Exception] | None:
-    """``(file, error)`` for the first of orbax's own files of a step that cannot be read
-    (a missing one is orbax's to handle); ``None`` when they read."""
+    """``(file, error)`` for the first of orbax's own files of a step that cannot be read;
+    ``None`` when they read. orbax writes ``_CHECKPOINT_METADATA`` before it commits a step,
+    so a committed step without it is damaged too (orbax would warn about it at every read);
+    a missing ``metrics`` item is orbax's to handle."""
     for name in _ORBAX_FILES:
         file = os.path.join(step_directory, name)
         try:
             with open(file, encoding="utf-8") as f:
                 value = json.load(f)
-        except FileNotFoundError:
+        except FileNotFoundError as error:
+            if name == _ORBAX_FILES[0]:
+                return file, error
             continue
         except (OSError, ValueError) as error:
             return file, error
