@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -323,6 +324,71 @@ def test_a_background_save_error_surfaces_at_the_next_step(
     with pytest.raises(RuntimeError, match=r"writing checkpoint 1 .* failed in the background"):
         ciclo.loop(jnp.zeros(2), range(50), tasks)
     assert len(seen) <= 3  # not at the next checkpoint (step 1000): within a step or two
+
+
+# --- a second Ctrl-C during the final save ends the process quietly ------------------------------
+SLOW_FINAL_SAVE = textwrap.dedent(
+    """
+    import asyncio, re, sys, time
+    import jax, jax.numpy as jnp
+    import ciclo
+    from orbax.checkpoint._src.handlers import base_pytree_checkpoint_handler as handler
+
+    directory, marker = sys.argv[1], sys.argv[2]
+    write_metadata = handler.BasePyTreeCheckpointHandler._write_metadata_after_commits
+
+    async def slow(self, *args, **kwargs):  # the final save's metadata waits 2 s
+        where = str(jax.tree.leaves(kwargs["param_infos"])[0].parent_dir)
+        if re.search(r"/(\\d+)\\.orbax", where).group(1) != "1":
+            open(marker, "w").close()
+            await asyncio.sleep(2)
+        await write_metadata(self, *args, **kwargs)
+
+    handler.BasePyTreeCheckpointHandler._write_metadata_after_commits = slow
+
+    def step(state, batch):
+        print("step", flush=True)
+        time.sleep(0.02)
+        return None, state + 1.0
+
+    tasks = {ciclo.every(1): step, ciclo.every(100000): ciclo.checkpoint(directory)}
+    ciclo.loop(jnp.zeros(1000), range(100000), tasks)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_during_the_final_save_ends_without_orbax_tracebacks(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "saving"
+    run = subprocess.Popen(
+        [sys.executable, "-c", SLOW_FINAL_SAVE, str(tmp_path / "run"), str(marker)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    try:
+        assert run.stdout is not None
+        for _ in range(5):
+            run.stdout.readline()
+        run.send_signal(signal.SIGINT)  # the loop stops and saves its final state
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert run.poll() is None and time.monotonic() < deadline, run.stderr
+            time.sleep(0.02)
+        run.send_signal(signal.SIGINT)  # during that save
+        _, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == -signal.SIGINT, err
+    assert "ciclo.checkpoint: interrupted while writing checkpoint" in err
+    assert "the checkpoints before it are intact" in err
+    for noise in ("Exception in thread", "Event loop is closed", "cannot schedule new futures"):
+        assert noise not in err
+    assert err.count("Traceback") == 1  # the main thread's KeyboardInterrupt
+    assert ciclo.restore(tmp_path / "run", jnp.zeros(1000)).elapsed.steps == 1
 
 
 # --- a structure change on restore -------------------------------------------------------------

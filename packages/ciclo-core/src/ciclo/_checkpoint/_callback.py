@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import tempfile
 import warnings
 import weakref
@@ -325,6 +326,18 @@ class Checkpoint(LoopCallbackBase):
             self._writer.finish()
             if self._manager is not None:
                 self._manager.wait_until_finished()
+        except KeyboardInterrupt:  # a second Ctrl-C: the process ends, the write with it
+            if self._saving():
+                _format.abandon_writes()
+                if writes_here(OUTPUT_PROCESS):
+                    print(
+                        f"ciclo.checkpoint: interrupted while writing checkpoint "
+                        f"{self._last_step} to {self.directory!r}: it is left incomplete (a "
+                        f"later run cleans it up); the checkpoints before it are intact.",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            raise
         except Exception as error:
             failed, self._last_step = self._last_step, None  # not on disk: may be saved again
             fault = fault_of_another_process()  # its collectives failed with it

@@ -66,9 +66,11 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import os
 import re
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -96,6 +98,7 @@ __all__ = [
     "best_step",
     "DamagedCheckpoint",
     "WriteFailed",
+    "abandon_writes",
     "read_newest",
     "steps_on_disk",
     "passed_over",
@@ -830,6 +833,22 @@ def write(
     except Exception as error:
         raise WriteFailed(str(error)) from error
     return finite
+
+
+def abandon_writes() -> None:
+    """The process ends while orbax writes (a second Ctrl-C during a save): orbax's threads
+    then fail as the interpreter shuts down (``cannot schedule new futures after interpreter
+    shutdown``, ``Event loop is closed``), and their tracebacks say nothing the user does
+    not know. Silences orbax's logs and the errors of threads other than the main one."""
+    for name in ("absl", "asyncio"):
+        logging.getLogger(name).disabled = True
+    previous = threading.excepthook
+
+    def quiet(args: Any) -> None:
+        if args.thread is threading.main_thread():
+            previous(args)
+
+    threading.excepthook = quiet
 
 
 class WriteFailed(RuntimeError):
