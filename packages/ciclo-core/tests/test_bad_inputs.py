@@ -55,7 +55,9 @@ STEPS = {
 
 def truncate_latest(directory: str) -> None:
     """Truncates every file of the newest checkpoint, orbax's own included."""
-    latest = max((p for p in Path(directory).iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    latest = max(
+        (p for p in Path(directory).iterdir() if p.name.isdigit()), key=lambda p: int(p.name)
+    )
     for path in latest.rglob("*"):
         if path.is_file():
             with open(path, "r+b") as f:
@@ -70,8 +72,12 @@ class FakeDevice:
 
 
 def int_params_step() -> Any:
-    state = ciclo.managed.ManagedState.create(params={"w": jnp.zeros(2, jnp.int32)}, tx=optax.sgd(0.1))
-    step = ciclo.managed.train_step(lambda state, batch: ciclo.logs().add_loss("loss", jnp.sum(state.params["w"] * batch)))
+    state = ciclo.managed.ManagedState.create(
+        params={"w": jnp.zeros(2, jnp.int32)}, tx=optax.sgd(0.1)
+    )
+    step = ciclo.managed.train_step(
+        lambda state, batch: ciclo.logs().add_loss("loss", jnp.sum(state.params["w"] * batch))
+    )
     return step(state, jnp.ones(2, jnp.int32))
 
 

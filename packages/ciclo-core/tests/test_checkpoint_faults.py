@@ -376,7 +376,8 @@ def test_a_second_ctrl_c_during_the_final_save_ends_without_orbax_tracebacks(
         run.send_signal(signal.SIGINT)  # the loop stops and saves its final state
         deadline = time.monotonic() + 60
         while not marker.exists():
-            assert run.poll() is None and time.monotonic() < deadline, run.stderr
+            assert run.poll() is None, run.stderr
+            assert time.monotonic() < deadline, "the final save never started"
             time.sleep(0.02)
         run.send_signal(signal.SIGINT)  # during that save
         _, err = run.communicate(timeout=60)

@@ -150,7 +150,7 @@ def test_a_signal_in_a_nested_loop_stops_the_outer_loop_after_its_step() -> None
     # Issue 28: the inner loop ends at its next batch, and its callback records nothing.
     assert inner_steps == []
     assert (state, elapsed.steps) == (0, 1)  # the outer one stopped after that step
-    assert "mean_probe" not in history.keys()  # the probe after it was cut at once too
+    assert "probe" not in " ".join(history.keys())  # the probe was cut at once too
     assert reasons == [
         "stopped by SIGINT during inner_loop('probe') at step 0, which ended at its next "
         "batch and is not recorded"
@@ -165,5 +165,5 @@ def _probe(state: Any) -> Any:
         return ciclo.logs().add_metric("mean", batch)
 
     result = ciclo.loop(state, range(100), {ciclo.every(1): probe})
-    assert False, f"the probe ran to its end: {seen}"  # noqa: B011
+    pytest.fail(f"the probe ran to its end: {seen}")
     return result

@@ -48,7 +48,8 @@ WORKER = textwrap.dedent(
         epoch_duration=4,
         resume=directory,
     )
-    print("history", json.dumps([history.collect("steps", "loss"), history.collect("steps", "score_test")]))
+    columns = [history.collect("steps", "loss"), history.collect("steps", "score_test")]
+    print("history", json.dumps(columns))
     """
 )
 

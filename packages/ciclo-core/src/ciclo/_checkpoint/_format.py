@@ -50,9 +50,10 @@ Every checkpoint has orbax metrics ``{"finite": bool}``: a checkpoint of a non-f
 :func:`read_newest` pass it over. A damaged checkpoint (a truncated or missing file, a
 missing item, bad JSON, orbax's own files included: a step whose ``_CHECKPOINT_METADATA``
 or ``metrics`` cannot be read is hidden from orbax, which would fail to open the
-directory, see :func:`steps_on_disk`) is a :class:`DamagedCheckpoint`; :func:`read_newest` passes it over
-with a warning. Nothing is ever deleted but by the ``keep`` policy: a passed-over
-checkpoint whose step a resumed run saves again is set aside (:func:`set_aside`).
+directory, see :func:`steps_on_disk`) is a :class:`DamagedCheckpoint`;
+:func:`read_newest` passes it over with a warning. Nothing is ever deleted but by the
+``keep`` policy: a passed-over checkpoint whose step a resumed run saves again is set aside
+(:func:`set_aside`).
 
 The orbax metrics of a checkpoint written with ``monitor=`` also hold ``{"value": float,
 "monitor": name, "mode": "min" | "max"}``; they rank checkpoints (:func:`best_step`).
@@ -500,7 +501,9 @@ def _check_structure(saved: list[list[Any]], target: list[list[Any]], where: str
                     f"{t[0]}: shape {tuple(s[2])} {s[3]} in the checkpoint, "
                     f"{tuple(t[2])} {t[3]} in the state"
                 )
-            elif s_value and _dtype_kind(s[3]) != _dtype_kind(t[3]) and "python" not in (s[1], t[1]):
+            elif (
+                s_value and "python" not in (s[1], t[1]) and _dtype_kind(s[3]) != _dtype_kind(t[3])
+            ):
                 problems.append(
                     f"{t[0] or 'the state (one array)'}: {s[3]} in the checkpoint, {t[3]} in "
                     f"the state (restoring would cast the values)"

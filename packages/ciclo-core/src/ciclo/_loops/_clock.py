@@ -141,9 +141,7 @@ class EpochClock:
         """Fires at the steps after which the evaluation set ``name`` is evaluated."""
         test = self._test_schedules[name]
         inner = (test,) if test else ()
-        return _Flag(
-            self, f"test_due[{name!r}]", lambda: self.due[name] and not self.owed, *inner
-        )
+        return _Flag(self, f"test_due[{name!r}]", lambda: self.due[name] and not self.owed, *inner)
 
 
 class _ClockSchedule(Schedule):

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .._loop._callback import LoopInterrupted, as_callback
 from .._loop._arguments import is_empty
+from .._loop._callback import LoopInterrupted, as_callback
 from .._loop._state import LoopState
 from .._loop._step import run_callbacks
 from .._records._history import History

@@ -108,13 +108,15 @@ class ManagedState:
         """
         if tx is not None and not isinstance(tx, optax.GradientTransformation):
             raise TypeError(f"tx must be an optax optimizer such as optax.adam(1e-3), got {tx!r}.")
-        if isinstance(key, int) and not isinstance(key, bool):
-            key = jax.random.key(key)
-        elif key is not None and not _is_random_key(key):
+        if isinstance(key, bool) or not (
+            key is None or isinstance(key, int) or _is_random_key(key)
+        ):
             raise TypeError(
                 f"{cls.__name__}.create(key={key!r}): key must be a JAX random key such as "
                 f"jax.random.key(0), an int seed, or None; got {type(key).__name__}."
             )
+        if isinstance(key, int):
+            key = jax.random.key(key)
         set_by_create = sorted({"step", "opt_state"} & set(fields))
         if set_by_create:
             raise TypeError(
@@ -897,9 +899,9 @@ def _is_random_key(key: Any) -> bool:
     dtype = getattr(key, "dtype", None)
     if dtype is None:
         return False
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+    if jnp.issubdtype(dtype, jax.dtypes.prng_key):
         return True
-    return dtype == np.uint32 and np.shape(key)[-1:] == (2,)
+    return bool(dtype == np.uint32 and np.shape(key)[-1:] == (2,))
 
 
 _SET_BY_CREATE = (
