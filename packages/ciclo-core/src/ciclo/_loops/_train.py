@@ -151,11 +151,6 @@ def train_loop(
         ([2, 5], [0.125, 0.015625])
     """
     check_no_hooks("train_loop", loop_kwargs)
-    if is_empty(train_dataset):
-        raise ValueError(
-            "train_loop(train_dataset=...) is empty (it has no batch), so there is nothing to "
-            "train on. Give a dataset with batches (a list, a generator, a DataLoader...)."
-        )
     registry = Registry(
         "train_loop", moments("train", "test"), "on_train_step", state, tasks, callbacks
     )
@@ -232,6 +227,11 @@ def train_loop(
         on_end += [evaluations[name] for name, (_, duration) in sets.items() if not duration]
         on_end += named["on_epoch_end"]
     on_end += named["on_train_end"]
+    if is_empty(train_dataset):  # after the other arguments' checks
+        raise ValueError(
+            "train_loop(train_dataset=...) is empty (it has no batch), so there is nothing to "
+            "train on. Give a dataset with batches (a list, a generator, a DataLoader...)."
+        )
     history = History() if history is None else history
     if sets:
         history.hint_missing(_why_not_evaluated(sets, runs, epoch, stop))
