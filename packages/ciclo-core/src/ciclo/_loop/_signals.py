@@ -56,6 +56,11 @@ def stop_gracefully_on(
     ):
         yield received
         return
+    if _handling and jax.process_count() > 1:
+        # Its steps are collectives: one process cannot end it alone (the processes agree
+        # on the outer loop's stop, after the step that runs it).
+        yield received
+        return
     if _handling:
         if _received:  # the outer loop is stopping: this loop ends after one batch
             loop_state.request_stop(f"stopped by {_received[0].name}")
