@@ -310,7 +310,7 @@ def _run_owed(
                         if entry not in row.get(collection, {}):
                             owed.setdefault(collection, {})[entry] = value
             history.add_to_last_row(owed)
-            loop_state.accumulated_logs.merge(owed)
+            loop_state.remember(owed)
         finally:
             loop_state.elapsed, loop_state.logs = after, Logs()
 
