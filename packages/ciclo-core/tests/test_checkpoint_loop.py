@@ -152,8 +152,8 @@ def test_a_signal_in_a_nested_loop_stops_the_outer_loop_after_its_step() -> None
     assert (state, elapsed.steps) == (0, 1)  # the outer one stopped after that step
     assert "probe" not in " ".join(history.keys())  # the probe was cut at once too
     assert reasons == [
-        "stopped by SIGINT during inner_loop('probe') at step 0, which ended at its next "
-        "batch and is not recorded"
+        "stopped by SIGINT; inner_loop('probe') at step 0 ended at its next batch and is not "
+        "recorded"
     ]
 
 

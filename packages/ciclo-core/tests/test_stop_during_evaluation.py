@@ -101,8 +101,8 @@ def test_a_stop_during_a_long_evaluation_ends_it_and_the_resumed_history_is_exac
     assert after <= 1  # the batch in progress ends; at most one more starts
     message = [line for line in err.splitlines() if line.startswith("ciclo: ")]
     assert message == [
-        "ciclo: stopped by SIGTERM during inner_loop('test') at step 7, which ended at its "
-        "next batch and is not recorded; a resumed run evaluates again at this step "
+        "ciclo: stopped by SIGTERM; inner_loop('test') at step 7 ended at its next batch and "
+        "is not recorded; a resumed run evaluates again at this step "
         f"(checkpoint 8 saved in {tmp_path / 'run'}) after 8 steps; exiting with status 143."
     ]
     _, history, elapsed = ciclo.restore(tmp_path / "run", jnp.zeros(2))
@@ -115,7 +115,7 @@ def test_a_stop_during_a_long_evaluation_ends_it_and_the_resumed_history_is_exac
 def test_a_stop_during_an_endless_evaluation_ends_it_and_saves(tmp_path: Path) -> None:
     after, err = _stop_during_evaluation(tmp_path / "run", "endless", number=1)
     assert after <= 1
-    assert "stopped by SIGTERM during inner_loop('test') at step 3" in err
+    assert "stopped by SIGTERM; inner_loop('test') at step 3 ended at its next batch" in err
     _, history, elapsed = ciclo.restore(tmp_path / "run", jnp.zeros(2))
     assert elapsed.steps == 4
     with pytest.raises(KeyError):

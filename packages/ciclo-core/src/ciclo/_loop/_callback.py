@@ -231,8 +231,8 @@ class Callback:
         except LoopInterrupted as cut:
             # The outer loop is stopping (it has stop_iteration set): say what was cut.
             loop_state.stop_reason = (
-                f"{cut.reason} during {self.name} at step {loop_state.elapsed.steps}, which "
-                f"ended at its next batch and is not recorded{cut.then}"
+                f"{cut.reason}; {self.name} at step {loop_state.elapsed.steps} ended at its "
+                f"next batch and is not recorded{cut.then}"
             )
             return None, NO_CHANGE
         if out is None:
