@@ -236,6 +236,11 @@ class Agreement:
         # Process 0 holds the service: at its exit it waits (a little) for the others to
         # end first, so that they end with their own errors too.
         _skip_jax_shutdown_at_exit(_exit_status(error), self)
+        with contextlib.suppress(Exception):
+            earlier = self._published_fault()
+            if earlier is not None:  # a collective that failed with it: name the cause
+                error.add_note(f"(ciclo: {earlier}; this process's error follows from it.)")
+                return
         fault = json.dumps({"fault": f"{type(error).__name__}: {error}", "process": self.process})
         for key in (f"{self._prefix}fault", self._next_key):
             if key is not None:
