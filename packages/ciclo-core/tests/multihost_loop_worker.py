@@ -118,10 +118,12 @@ def main(scenario: str, process: int, port: int, out_dir: str, options: dict) ->
     elif scenario == "raise":
 
         def boom(state, batch, elapsed, loop_state):
-            if process == 1 and elapsed.steps == 5:
+            if process == options.get("raiser", 1) and elapsed.steps == 5:
                 raise ValueError("boom on purpose")
 
         each_step.append(boom)
+        if options.get("checkpoint"):  # saves in the background when the raise comes
+            tasks[ciclo.every(options["checkpoint"])] = ciclo.checkpoint(out / "ckpt", keep=2)
     elif scenario == "kill":
 
         def die(state, batch, elapsed, loop_state):

@@ -53,6 +53,34 @@ STEPS = {
 }
 
 
+def truncate_latest(directory: str) -> None:
+    """Truncates every file of the newest checkpoint, orbax's own included."""
+    latest = max(
+        (p for p in Path(directory).iterdir() if p.name.isdigit()), key=lambda p: int(p.name)
+    )
+    for path in latest.rglob("*"):
+        if path.is_file():
+            with open(path, "r+b") as f:
+                f.truncate(path.stat().st_size // 2)
+
+
+class FakeDevice:
+    """A device of process ``process_index``, for the mesh checks of several processes."""
+
+    def __init__(self, process_index: int) -> None:
+        self.process_index = process_index
+
+
+def int_params_step() -> Any:
+    state = ciclo.managed.ManagedState.create(
+        params={"w": jnp.zeros(2, jnp.int32)}, tx=optax.sgd(0.1)
+    )
+    step = ciclo.managed.train_step(
+        lambda state, batch: ciclo.logs().add_loss("loss", jnp.sum(state.params["w"] * batch))
+    )
+    return step(state, jnp.ones(2, jnp.int32))
+
+
 def used_up() -> Iterator[Any]:
     batches = (b for b in B)
     list(batches)
@@ -233,6 +261,29 @@ CASES = [
     ('test_loop_empty_dataset', lambda d: ciclo.test_loop(S, [], {ciclo.on_test_step: STEPS[ciclo.on_test_step]}), ValueError, r"the\ evaluation\ saw\ no\ batch:\ test_loop\(dataset=\.\.\.\)\ yielded\ nothing"),
     ('evaluate_checkpoints_iterator', lambda d: ciclo.evaluate_checkpoints(d.T, S, iter(B)), TypeError, r"evaluate_checkpoints:\ dataset\ is\ an\ iterator.*called\ for\ each\ checkpoint\)"),
     ('es_monitor_never_logged_in_train_loop', lambda d: ciclo.train_loop(S, B * 4, STEPS, callbacks=[ciclo.early_stopping("val_loss", 2)], test_dataset=lambda: B, epoch_duration=2), KeyError, r"early_stopping:\ monitor\ 'val_loss'\ is\ not\ in\ the\ logs.*'losses\.loss_test'.*check\ the\ spelling"),
+    ('restore_every_file_truncated', lambda d: (ciclo.loop(S, B * 3, {ciclo.every(1): ciclo.checkpoint(d.T)}), truncate_latest(d.T), ciclo.restore(d.T, S, step=3)), ValueError, r"checkpoint\ 3\ in\ '.*'\ is\ damaged:\ cannot\ read\ '.*_CHECKPOINT_METADATA'.*resume=,\ which\ falls\ back\ to\ the\ newest\ intact\ checkpoint;\ move\ '.*3'\ away"),
+    ('elapse_batch_size_fn_neg', lambda d: list(ciclo.elapse(B * 2, batch_size_fn=lambda b: -8)), ValueError, r"elapse\(batch_size_fn=<lambda>\)\ returned\ \-8;.*samples\ in\ the\ batch,\ an\ int\ >=\ 0\."),
+    ('elapse_batch_size_fn_str', lambda d: list(ciclo.elapse(B * 2, batch_size_fn=lambda b: "x")), TypeError, r"elapse\(batch_size_fn=<lambda>\)\ returned\ 'x';.*samples\ in\ the\ batch,\ an\ int\ >=\ 0\."),
+    ('elapse_batch_size_fn_not_callable', lambda d: ciclo.elapse(B, batch_size_fn=3), TypeError, r"elapse\(batch_size_fn=3\):\ expected\ a\ function\ batch\ \->\ int"),
+    ('loop_stop_neg', lambda d: ciclo.loop(S, B, {}, stop=-1), ValueError, r"stop\ must\ not\ be\ negative,\ got\ \-1\.\ Example:\ stop=1000"),
+    ('train_epoch_duration_neg', lambda d: ciclo.train_loop(S, B, STEPS, epoch_duration=-1), ValueError, r"epoch_duration\ must\ not\ be\ negative,\ got\ \-1\.\ Example:\ epoch_duration=1000"),
+    ('keras_bar_total_neg', lambda d: ciclo.keras_bar(total=-1), ValueError, r"keras_bar\(total\)\ must\ not\ be\ negative,\ got\ \-1"),
+    ('tqdm_bar_total_neg', lambda d: ciclo.tqdm_bar(total=-1), ValueError, r"tqdm_bar\(total\)\ must\ not\ be\ negative,\ got\ \-1"),
+    ('train_loop_empty_dataset', lambda d: ciclo.train_loop(S, [], STEPS), ValueError, r"train_loop\(train_dataset=\.\.\.\)\ is\ empty.*Give\ a\ dataset\ with\ batches"),
+    ('register_strategy_built_in', lambda d: ciclo.managed.register_strategy("jit", lambda: ciclo.managed.jit()), ValueError, r"register_strategy\('jit',\ factory\):\ 'jit'\ is\ a\ built\-in\ strategy.*pass\ replace=True\ to\ replace\ it\."),
+    ('ms_create_key_str', lambda d: ciclo.managed.ManagedState.create(params={"w": jnp.zeros(2)}, tx=optax.sgd(0.1), key="abc"), TypeError, r"ManagedState\.create\(key='abc'\):\ key\ must\ be\ a\ JAX\ random\ key\ such\ as\ jax\.random\.key\(0\),\ an\ int\ seed,\ or\ None"),
+    ('ms_create_step', lambda d: ciclo.managed.ManagedState.create(params={"w": jnp.zeros(2)}, tx=optax.sgd(0.1), step=5), TypeError, r"ManagedState\.create\(\)\ does\ not\ take\ 'step':\ it\ sets\ step=0.*state\.replace\(step=\.\.\.\)"),
+    ('ms_create_opt_state', lambda d: ciclo.managed.ManagedState.create(params={"w": jnp.zeros(2)}, tx=optax.sgd(0.1), opt_state=None), TypeError, r"ManagedState\.create\(\)\ does\ not\ take\ 'opt_state':.*state\.replace\(opt_state=\.\.\.\)"),
+    ('loop_max_steps_in_flight_neg', lambda d: ciclo.loop(S, B, {}, max_steps_in_flight=-1), ValueError, r"max_steps_in_flight\ must\ be\ an\ int\ >=\ 0.*got\ \-1\."),
+    ('terminate_on_nan_interval_neg', lambda d: ciclo.callbacks.terminate_on_nan(interval=-1), ValueError, r"terminate_on_nan:\ interval\ must\ be\ >=\ 0\ seconds.*got\ \-1\."),
+    ('csv_logger_directory', lambda d: ciclo.csv_logger(d.T), IsADirectoryError, r"csv_logger:\ '.*'\ is\ a\ directory;\ give\ the\ path\ of\ the\ CSV\ file.*log\.csv'\)\."),
+    ('resume_other_kind_of_schedule', lambda d: (ciclo.loop(S, B, {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.loop(S, B * 2, {ciclo.every(1) | ciclo.every(3): ciclo.checkpoint(d.T)}, resume=d.T)), ValueError, r"cannot\ restore\ schedule\ .*\(task\ 0\)\ from\ checkpoint\ 1\ in\ '.*':\ the\ checkpoint\ holds\ the\ state\ of\ another\ kind\ of\ schedule.*Resume\ with\ the\ same\ tasks"),
+    ('restore_float_into_int', lambda d: (ciclo.loop(S, B, {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.restore(d.T, jnp.zeros(2, jnp.int32))), ValueError, r"cannot\ restore\ checkpoint\ 1\ in\ '.*'\ into\ this\ state:.*the\ state\ \(one\ array\):\ float32\ in\ the\ checkpoint,\ int32\ in\ the\ state\ \(restoring\ would\ cast\ the\ values\).*convert\ it\ yourself\."),
+    ('restore_float_leaf_into_int', lambda d: (ciclo.loop({"w": S}, B, {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.restore(d.T, {"w": jnp.zeros(2, jnp.int32)})), ValueError, r"\['w'\]:\ float32\ in\ the\ checkpoint,\ int32\ in\ the\ state"),
+    ('logs_add_loss_str', lambda d: ciclo.logs().add_loss("loss", "abc"), TypeError, r"logs\(\)\.add_loss\('loss',\ 'abc'\):\ the\ value\ is\ a\ str;.*add_entry\('text',\ 'loss',\ \.\.\.\)\ or\ add_output\."),
+    ('logs_add_metrics_str', lambda d: ciclo.logs().add_metrics(acc="high"), TypeError, r"logs\(\)\.add_metric\('acc',\ 'high'\):\ the\ value\ is\ a\ str"),
+    ('managed_train_step_int_params', lambda d: int_params_step(), TypeError, r"managed\ train\ step\ <lambda>:\ params\ hold\ integer\ leaves\ \[\"\['w'\]\ \(int32\)\"\].*extra=\{\.\.\.\}\)\."),
+    ('mesh_batch_axis_over_processes', lambda d: ciclo.managed._strategies.check_feedable("sharded", np.array([[FakeDevice(0), FakeDevice(1)]]), ["data", "model"], ["data"]), ValueError, r"sharded:\ the\ mesh\ \{'data':\ 1,\ 'model':\ 2\}\ cannot\ be\ fed.*spans\ the\ 2\ processes.*size\ of\ 2.*jax\.make_mesh\(\(2,\ 1\),\ \('data',\ 'model'\)\)"),
     ('resume_stateful_into_list', lambda d: (ciclo.loop(S, SD(), {ciclo.every(1): ciclo.checkpoint(d.T)}, stop=2), ciclo.loop(S, B * 3, {ciclo.every(1): ciclo.checkpoint(d.T)}, resume=d.T)), TypeError, r"the\ checkpoint\ holds\ the\ dataset's\ state_dict.*\ of\ dataset\ as\ the\ interrupted\ run\."),
 ]
 # fmt: on
@@ -247,6 +298,12 @@ def d(tmp_path: Path) -> types.SimpleNamespace:
 def test_the_suite_has_at_least_150_cases() -> None:
     assert len(CASES) >= 150
     assert len({name for name, *_ in CASES}) == len(CASES)
+
+
+def test_an_empty_dataset_in_loop_is_a_warning_naming_it() -> None:
+    with pytest.warns(RuntimeWarning, match=r"loop\(dataset=\.\.\.\) is empty .* runs no step"):
+        _, _, elapsed = ciclo.loop(S, [], {})
+    assert elapsed.steps == 0
 
 
 @pytest.mark.parametrize(("name", "call", "error", "match"), CASES, ids=[c[0] for c in CASES])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -41,7 +42,26 @@ def _bad_json(directory: Path) -> None:
     (directory / "meta" / "metadata").write_text('{"format": 1, "elapsed": ')
 
 
-DAMAGES = {"truncated files": _truncate, "missing state": _remove_state, "bad JSON": _bad_json}
+def _truncate_every_file(directory: Path) -> None:
+    """orbax's own files too (``_CHECKPOINT_METADATA``, the ``metrics`` item), which orbax
+    reads when it opens the directory."""
+    for path in directory.rglob("*"):
+        if path.is_file():
+            with open(path, "r+b") as f:
+                f.truncate(path.stat().st_size // 2)
+
+
+def _remove_orbax_metadata(directory: Path) -> None:
+    (directory / "_CHECKPOINT_METADATA").unlink()
+
+
+DAMAGES = {
+    "missing orbax metadata": _remove_orbax_metadata,
+    "truncated files": _truncate,
+    "missing state": _remove_state,
+    "bad JSON": _bad_json,
+    "every file truncated": _truncate_every_file,
+}
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
@@ -59,6 +79,23 @@ def test_a_damaged_latest_checkpoint_falls_back_and_the_resumed_run_is_exact(
     assert any("[14]" in m and "set aside as ['14.damaged'] (not deleted)" in m for m in messages)
     assert resumed == training.reference()
     assert (directory / "14.damaged").is_dir()  # set aside when step 14 was written anew
+
+
+@pytest.mark.parametrize("damage", ["missing orbax metadata", "every file truncated"])
+def test_orbax_logs_nothing_about_a_step_that_ciclo_passes_over(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 28: orbax's "Metadata file does not exist" / "Failed to json parse Metadata
+    # file" about the step ciclo passes over (and sets aside) were shown on resume.
+    directory = tmp_path / "run"
+    training.run(str(directory), stop=14)
+    DAMAGES[damage](directory / "14")
+    with caplog.at_level("INFO"), pytest.warns(RuntimeWarning) as warned:
+        training.run(str(directory), resume=True)
+    assert any("passing over damaged checkpoint 14" in str(w.message) for w in warned)
+    about_it = [r.getMessage() for r in caplog.records if "/14/" in r.getMessage()]
+    assert not [m for m in about_it if "Metadata" in m], about_it
+    assert (directory / "14.damaged").is_dir()
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGES))
@@ -287,6 +324,72 @@ def test_a_background_save_error_surfaces_at_the_next_step(
     with pytest.raises(RuntimeError, match=r"writing checkpoint 1 .* failed in the background"):
         ciclo.loop(jnp.zeros(2), range(50), tasks)
     assert len(seen) <= 3  # not at the next checkpoint (step 1000): within a step or two
+
+
+# --- a second Ctrl-C during the final save ends the process quietly ------------------------------
+SLOW_FINAL_SAVE = textwrap.dedent(
+    """
+    import asyncio, re, sys, time
+    import jax, jax.numpy as jnp
+    import ciclo
+    from orbax.checkpoint._src.handlers import base_pytree_checkpoint_handler as handler
+
+    directory, marker = sys.argv[1], sys.argv[2]
+    write_metadata = handler.BasePyTreeCheckpointHandler._write_metadata_after_commits
+
+    async def slow(self, *args, **kwargs):  # the final save's metadata waits 2 s
+        where = str(jax.tree.leaves(kwargs["param_infos"])[0].parent_dir)
+        if re.search(r"/(\\d+)\\.orbax", where).group(1) != "1":
+            open(marker, "w").close()
+            await asyncio.sleep(2)
+        await write_metadata(self, *args, **kwargs)
+
+    handler.BasePyTreeCheckpointHandler._write_metadata_after_commits = slow
+
+    def step(state, batch):
+        print("step", flush=True)
+        time.sleep(0.02)
+        return None, state + 1.0
+
+    tasks = {ciclo.every(1): step, ciclo.every(100000): ciclo.checkpoint(directory)}
+    ciclo.loop(jnp.zeros(1000), range(100000), tasks)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_during_the_final_save_ends_without_orbax_tracebacks(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "saving"
+    run = subprocess.Popen(
+        [sys.executable, "-c", SLOW_FINAL_SAVE, str(tmp_path / "run"), str(marker)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    try:
+        assert run.stdout is not None
+        for _ in range(5):
+            run.stdout.readline()
+        run.send_signal(signal.SIGINT)  # the loop stops and saves its final state
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert run.poll() is None, run.stderr
+            assert time.monotonic() < deadline, "the final save never started"
+            time.sleep(0.02)
+        run.send_signal(signal.SIGINT)  # during that save
+        _, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == -signal.SIGINT, err
+    assert "ciclo.checkpoint: interrupted while writing checkpoint" in err
+    assert "the checkpoints before it are intact" in err
+    for noise in ("Exception in thread", "Event loop is closed", "cannot schedule new futures"):
+        assert noise not in err
+    assert err.count("Traceback") == 1  # the main thread's KeyboardInterrupt
+    assert ciclo.restore(tmp_path / "run", jnp.zeros(1000)).elapsed.steps == 1
 
 
 # --- a structure change on restore -------------------------------------------------------------

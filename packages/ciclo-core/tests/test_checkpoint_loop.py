@@ -140,6 +140,30 @@ def test_a_signal_in_a_nested_loop_stops_the_outer_loop_after_its_step() -> None
         inner_steps.append(elapsed.steps)
         return state + 1
 
-    state, _, elapsed = ciclo.loop(0, range(10), {ciclo.every(1): evaluate})
-    assert inner_steps == [4]  # the inner loop ran to its end
-    assert (state, elapsed.steps) == (1, 1)  # the outer one stopped after that step
+    reasons = []
+    state, history, elapsed = ciclo.loop(
+        0,
+        range(10),
+        {ciclo.every(1): [evaluate, ciclo.inner_loop("probe", _probe)]},
+        on_end=lambda s, b, e, ls: reasons.append(ls.stop_reason),
+    )
+    # Issue 28: the inner loop ends at its next batch, and its callback records nothing.
+    assert inner_steps == []
+    assert (state, elapsed.steps) == (0, 1)  # the outer one stopped after that step
+    assert "probe" not in " ".join(history.keys())  # the probe was cut at once too
+    assert reasons == [
+        "stopped by SIGINT; inner_loop('probe') at step 0 ended at its next batch and is not "
+        "recorded"
+    ]
+
+
+def _probe(state: Any) -> Any:
+    seen = []
+
+    def probe(state: Any, batch: Any) -> Any:
+        seen.append(batch)
+        return ciclo.logs().add_metric("mean", batch)
+
+    result = ciclo.loop(state, range(100), {ciclo.every(1): probe})
+    pytest.fail(f"the probe ran to its end: {seen}")
+    return result

@@ -244,8 +244,12 @@ def test_a_preempted_run_says_it_is_saved_and_resumes_not_that_it_restores(tmp_p
         )
     printed = out.getvalue()
     assert "restoring" not in printed
+    # Issue 28: the evaluation due after step 4 (the preemption notice came during it) ends
+    # after its first batch and is not recorded; a resumed run evaluates again there.
     assert printed == (
-        f"early_stopping: stopped by SIGTERM (checkpoint 5 saved in {checkpoint.directory}). "
+        "early_stopping: stopped by SIGTERM; inner_loop('test') at step 4 ended at its next "
+        "batch and is not recorded; a resumed run evaluates again at this step "
+        f"(checkpoint 5 saved in {checkpoint.directory}). "
         "The run is interrupted, not finished: it keeps its current state, saved to resume "
         "from (the same command with resume= continues it); the best state so far, of step 1 "
         "(loss_test = 1), is restored when training ends.\n"

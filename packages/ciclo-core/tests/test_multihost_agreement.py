@@ -94,6 +94,24 @@ def test_a_raise_on_one_process_ends_both_with_an_error(tmp_path):
     assert seconds < 60
 
 
+@pytest.mark.parametrize("raiser", [1, 0])
+def test_a_raise_with_a_checkpoint_ends_each_process_with_its_own_error_not_sigabrt(
+    tmp_path, raiser
+):
+    # Issue 28: with a checkpoint saving at every step, the other process is in a collective
+    # of the save when the raise comes; the one that raised used to end with SIGABRT and a
+    # C++ trace from JAX's coordination service (its shutdown waited for a dead process).
+    codes, outputs, seconds = run_pair("raise", tmp_path, checkpoint=1, raiser=raiser)
+    other = 1 - raiser
+    assert codes == [1, 1], outputs
+    assert "ValueError: boom on purpose" in outputs[raiser]
+    assert f"process {raiser} failed: ValueError: boom on purpose" in outputs[other]
+    for output in outputs:
+        assert "Check failure stack trace" not in output
+        assert "Terminating process" not in output
+    assert seconds < 60
+
+
 def test_a_killed_process_ends_the_other_within_the_fault_timeout(tmp_path):
     codes, outputs, seconds = run_pair("kill", tmp_path, fault_timeout=8)
     assert codes[1] == -signal.SIGKILL

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.core
+import flax.errors
 import flax.linen as nn
 import flax.traverse_util
 import jax
@@ -28,6 +29,14 @@ from ciclo.adapters import (
 from ._sown import SOWN, sown_logs
 
 __all__ = ["FlaxState", "create_state"]
+
+
+_OTHER_INPUTS = (
+    "ciclo_flax: {name}'s parameters do not fit this batch's inputs (shapes {shapes}): "
+    "create_state initialised them from sample inputs of another shape (a wrong feature "
+    "count?). Flax: {error} Give create_state a sample of the real inputs, e.g. "
+    "ciclo_flax.create_state(module, x_train[:1], tx, ...)."
+)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -70,7 +79,15 @@ class FlaxState(AdapterState):
         rngs = None if key is None else stream_keys(key, self.rng_streams)
         kwargs = training_kwargs(self.training_arg, training)
         mutable = [*(model_state if training else ()), *SOWN]
-        preds, updates = self.module.apply(variables, inputs, rngs=rngs, mutable=mutable, **kwargs)
+        try:
+            preds, updates = self.module.apply(
+                variables, inputs, rngs=rngs, mutable=mutable, **kwargs
+            )
+        except flax.errors.ScopeParamShapeError as error:
+            shapes = jax.tree.map(lambda x: tuple(getattr(x, "shape", ())), inputs)
+            raise ValueError(
+                _OTHER_INPUTS.format(name=type(self.module).__name__, shapes=shapes, error=error)
+            ) from None
         updates = dict(updates)
         sown = sown_logs({c: _flat(updates.pop(c)) for c in SOWN if c in updates})
         if training and model_state:

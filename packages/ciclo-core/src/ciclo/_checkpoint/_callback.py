@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import tempfile
 import warnings
 import weakref
@@ -13,6 +14,7 @@ import jax
 
 from .._loop._base import LoopCallbackBase
 from .._loop._state import LoopState
+from .._processes._agreement import fault_of_another_process
 from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records import _host
 from .._time._schedules import Schedule, every
@@ -290,7 +292,7 @@ class Checkpoint(LoopCallbackBase):
             self._loop, self._end_step = loop_state, None
             manager.reload()
             self._set_aside_passed_over(manager)
-            later = [s for s in manager.all_steps() if s > step]
+            later = [s for s in _format.steps_on_disk(manager, self.directory) if s > step]
             if later:
                 raise FileExistsError(
                     f"checkpoint directory {self.directory!r} already holds checkpoints of "
@@ -315,6 +317,9 @@ class Checkpoint(LoopCallbackBase):
             try:
                 write()
             except _format.WriteFailed as error:
+                fault = fault_of_another_process()  # its collectives failed with it
+                if fault is not None:
+                    raise fault from error
                 raise RuntimeError(
                     f"ciclo.checkpoint: cannot write checkpoint {step} to {self.directory!r}: "
                     f"{error.__cause__!r}. {_FIX}"
@@ -346,7 +351,7 @@ class Checkpoint(LoopCallbackBase):
         orbax's ``keep`` must neither count them nor evict the checkpoint resumed from for
         them. They are kept, never deleted."""
         passed = _format.passed_over(self.directory)
-        present = [s for s in manager.all_steps() if s in passed]
+        present = [s for s in _format.steps_on_disk(manager, self.directory) if s in passed]
         if not present or "://" in self.directory:
             return
         moved = [_format.set_aside(self.directory, s, passed[s].replace("-", "")) for s in present]
@@ -376,8 +381,23 @@ class Checkpoint(LoopCallbackBase):
             self._writer.finish()
             if self._manager is not None:
                 self._manager.wait_until_finished()
+        except KeyboardInterrupt:  # a second Ctrl-C: the process ends, the write with it
+            if self._saving():
+                _format.abandon_writes()
+                if writes_here(OUTPUT_PROCESS):
+                    print(
+                        f"ciclo.checkpoint: interrupted while writing checkpoint "
+                        f"{self._last_step} to {self.directory!r}: it is left incomplete (a "
+                        f"later run cleans it up); the checkpoints before it are intact.",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            raise
         except Exception as error:
             failed, self._last_step = self._last_step, None  # not on disk: may be saved again
+            fault = fault_of_another_process()  # its collectives failed with it
+            if fault is not None:
+                raise fault from error
             cause = error.__cause__ if isinstance(error, _format.WriteFailed) else error
             raise RuntimeError(
                 f"ciclo.checkpoint: writing checkpoint {failed} to {self.directory!r} failed "

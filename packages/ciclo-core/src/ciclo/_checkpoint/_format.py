@@ -48,9 +48,12 @@ field                what it holds
 Every checkpoint has orbax metrics ``{"finite": bool}``: a checkpoint of a non-finite state
 (saved at the stop after a NaN) never evicts the newest finite one, and resume and
 :func:`read_newest` pass it over. A damaged checkpoint (a truncated or missing file, a
-missing item, bad JSON) is a :class:`DamagedCheckpoint`; :func:`read_newest` passes it over
-with a warning. Nothing is ever deleted but by the ``keep`` policy: a passed-over
-checkpoint whose step a resumed run saves again is set aside (:func:`set_aside`).
+missing item, bad JSON, orbax's own files included: a step whose ``_CHECKPOINT_METADATA``
+or ``metrics`` cannot be read is hidden from orbax, which would fail to open the
+directory, see :func:`steps_on_disk`) is a :class:`DamagedCheckpoint`;
+:func:`read_newest` passes it over with a warning. Nothing is ever deleted but by the
+``keep`` policy: a passed-over checkpoint whose step a resumed run saves again is set aside
+(:func:`set_aside`).
 
 The orbax metrics of a checkpoint written with ``monitor=`` also hold ``{"value": float,
 "monitor": name, "mode": "min" | "max"}``; they rank checkpoints (:func:`best_step`).
@@ -63,9 +66,12 @@ Reading: :func:`open_reader`, :func:`read` (a :class:`Contents`), :func:`read_ne
 from __future__ import annotations
 
 import copy
+import json
+import logging
 import math
 import os
 import re
+import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -93,7 +99,9 @@ __all__ = [
     "best_step",
     "DamagedCheckpoint",
     "WriteFailed",
+    "abandon_writes",
     "read_newest",
+    "steps_on_disk",
     "passed_over",
     "set_aside",
     "all_finite",
@@ -169,6 +177,76 @@ def _finite_metrics(metrics: Any) -> bool:
     return not isinstance(metrics, Mapping) or metrics.get("finite", True) is not False
 
 
+#: Steps whose orbax files (read when a manager opens the directory: the step's
+#: ``_CHECKPOINT_METADATA``, its ``metrics`` item) cannot be read, by directory:
+#: ``{path: {step: (file, error)}}``. orbax would fail to open the directory for them, so
+#: :class:`_IntactSteps` hides them from its managers and :func:`read` reports them damaged.
+_unreadable: dict[str, dict[int, tuple[str, Exception]]] = {}
+_ORBAX_FILES = ("_CHECKPOINT_METADATA", os.path.join("metrics", "metrics"))
+
+
+def _orbax_damage(step_directory: str) -> tuple[str, Exception] | None:
+    """``(file, error)`` for the first of orbax's own files of a step that cannot be read;
+    ``None`` when they read. orbax writes ``_CHECKPOINT_METADATA`` before it commits a step,
+    so a committed step without it is damaged too (orbax would warn about it at every read);
+    a missing ``metrics`` item is orbax's to handle."""
+    for name in _ORBAX_FILES:
+        file = os.path.join(step_directory, name)
+        try:
+            with open(file, encoding="utf-8") as f:
+                value = json.load(f)
+        except FileNotFoundError as error:
+            if name == _ORBAX_FILES[0]:
+                return file, error
+            continue
+        except (OSError, ValueError) as error:
+            return file, error
+        if not isinstance(value, dict):
+            return file, ValueError(f"not a JSON object: {str(value)[:40]!r}")
+    return None
+
+
+class _IntactSteps:
+    """orbax's standard step names (``<step>``), less the steps of a local directory whose
+    orbax files cannot be read (recorded in ``_unreadable[path]``): an orbax step name
+    format, given to every manager ciclo opens."""
+
+    def __init__(self, path: str) -> None:
+        import orbax.checkpoint as ocp
+
+        self.path = path
+        self.names = ocp.step.standard_name_format()
+
+    def __str__(self) -> str:
+        return f"ciclo intact steps of {self.names}"
+
+    def build_name(self, step: int) -> str:
+        return str(self.names.build_name(step))
+
+    def find_all(self, base_path: Any) -> Any:
+        found, unreadable = [], {}
+        for metadata in self.names.find_all(base_path):
+            damage = None if "://" in self.path else _orbax_damage(str(metadata.path))
+            if damage is None:
+                found.append(metadata)
+            else:
+                unreadable[metadata.step] = damage
+        _unreadable[self.path] = unreadable
+        return iter(found)
+
+    def find_step(self, base_path: Any, step: int) -> Any:
+        metadata = self.names.find_step(base_path, step)
+        if "://" not in self.path and _orbax_damage(str(metadata.path)) is not None:
+            raise ValueError(f"checkpoint {step} in {self.path!r} is damaged")
+        return metadata
+
+
+def steps_on_disk(manager: Any, path: str) -> list[int]:
+    """The steps of ``path``, oldest first: those of ``manager`` and those it hides because
+    orbax's own files of the step cannot be read (damaged, see :func:`read`)."""
+    return sorted({*manager.all_steps(), *_unreadable.get(path, {})})
+
+
 def open_writer(
     path: str, *, keep: int | None, monitor: str | None, mode: str, async_save: bool
 ) -> Any:
@@ -208,6 +286,7 @@ def open_writer(
         best_fn=best_fn,
         best_mode=mode,
         cleanup_tmp_directories=True,
+        step_name_format=_IntactSteps(path),
     )
     return ocp.CheckpointManager(path, options=options)
 
@@ -236,9 +315,11 @@ def open_reader(path: str, *, must_exist: bool) -> Any:
     import orbax.checkpoint as ocp
 
     # Not read_only=True: orbax logs a warning for it. Nothing is written without a save.
-    options = ocp.CheckpointManagerOptions(create=False, enable_async_checkpointing=False)
+    options = ocp.CheckpointManagerOptions(
+        create=False, enable_async_checkpointing=False, step_name_format=_IntactSteps(path)
+    )
     manager = ocp.CheckpointManager(path, options=options)
-    if not manager.all_steps():
+    if not steps_on_disk(manager, path):
         manager.close()
         if not must_exist:
             return None
@@ -420,10 +501,35 @@ def _check_structure(saved: list[list[Any]], target: list[list[Any]], where: str
                     f"{t[0]}: shape {tuple(s[2])} {s[3]} in the checkpoint, "
                     f"{tuple(t[2])} {t[3]} in the state"
                 )
+            elif (
+                s_value and "python" not in (s[1], t[1]) and _dtype_kind(s[3]) != _dtype_kind(t[3])
+            ):
+                problems.append(
+                    f"{t[0] or 'the state (one array)'}: {s[3]} in the checkpoint, {t[3]} in "
+                    f"the state (restoring would cast the values)"
+                )
             if len(problems) >= 5:
                 break
     if problems:
         raise structure_error(where, "; ".join(problems))
+
+
+def _dtype_kind(name: str) -> str:
+    """The kind of a saved dtype name (``"floating"``, ``"integer"``, ``"bool"``,
+    ``"complexfloating"``), or the name itself for another one (a PRNG key's ``key<fry>``).
+
+    Example:
+        >>> _dtype_kind("bfloat16"), _dtype_kind("uint8"), _dtype_kind("key<fry>")
+        ('floating', 'integer', 'key<fry>')
+    """
+    try:
+        dtype = jnp.dtype(name)
+    except TypeError:
+        return name
+    for kind in (jnp.bool_, jnp.integer, jnp.floating, jnp.complexfloating):
+        if jnp.issubdtype(dtype, kind):
+            return kind.__name__
+    return name
 
 
 def _is_key(value: Any) -> bool:
@@ -732,6 +838,22 @@ def write(
     return finite
 
 
+def abandon_writes() -> None:
+    """The process ends while orbax writes (a second Ctrl-C during a save): orbax's threads
+    then fail as the interpreter shuts down (``cannot schedule new futures after interpreter
+    shutdown``, ``Event loop is closed``), and their tracebacks say nothing the user does
+    not know. Silences orbax's logs and the errors of threads other than the main one."""
+    for name in ("absl", "asyncio"):
+        logging.getLogger(name).disabled = True
+    previous = threading.excepthook
+
+    def quiet(args: Any) -> None:
+        if args.thread is threading.main_thread():
+            previous(args)
+
+    threading.excepthook = quiet
+
+
 class WriteFailed(RuntimeError):
     """orbax could not write a checkpoint (its directory cannot be written, a full
     disk...); the cause is orbax's error."""
@@ -813,7 +935,9 @@ def read(manager: Any, path: str, step: int, target: Any, *, copies: bool = True
     import orbax.checkpoint as ocp
 
     where = f"checkpoint {step} in {path!r}"
-    steps = list(manager.all_steps())
+    steps = steps_on_disk(manager, path)
+    if step in _unreadable.get(path, {}):
+        raise _damaged(path, step, *_unreadable[path][step], steps)
     meta_file = os.path.join(path, str(step), "meta", "metadata")
     try:
         meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
@@ -986,7 +1110,7 @@ def read_newest(manager: Any, path: str, target: Any, *, copies: bool = True) ->
         ValueError: ``target`` does not have the saved structure (not passed over: the
             other checkpoints have the same structure).
     """
-    steps = sorted(manager.all_steps(), reverse=True)
+    steps = steps_on_disk(manager, path)[::-1]
     finite = [step for step in steps if is_finite_step(manager, step)]
     order = finite + [step for step in steps if step not in finite]
     skipped = _passed_over.setdefault(path, {})

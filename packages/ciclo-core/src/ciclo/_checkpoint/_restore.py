@@ -66,7 +66,7 @@ def restore(directory: str | os.PathLike[str], state: Any, *, step: int | None =
     path = _format.checkpoint_path(directory)
     manager = _format.open_reader(path, must_exist=True)
     try:
-        steps = manager.all_steps()
+        steps = _format.steps_on_disk(manager, path)
         if step is None:
             contents = _format.read_newest(manager, path, state, copies=False)
         elif step not in steps:

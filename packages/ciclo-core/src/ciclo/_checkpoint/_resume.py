@@ -55,7 +55,8 @@ def load_tasks(
             schedule.load_state_dict(saved)
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(
-                f"cannot restore schedule {schedule!r} (task {i}) from {where}: {error!r}. {fix}"
+                f"cannot restore schedule {schedule!r} (task {i}) from {where}: the checkpoint "
+                f"holds the state of another kind of schedule there ({str(saved)[:80]}). {fix}"
             ) from error
     owners = _format.stateful_callbacks(tasks)
     names = [_format.callback_name(owner) for owner in owners]

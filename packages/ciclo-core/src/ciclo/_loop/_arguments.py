@@ -4,15 +4,14 @@ not found later as an obscure error deep in the loop."""
 from __future__ import annotations
 
 import inspect
-import numbers
 import signal
-from collections.abc import Callable
+import warnings
 from typing import Any
 
 from .._records._history import History
-from .._time._elapsed import Elapsed
+from .._time._elapsed import Elapsed, checked_batch_size_fn
 
-__all__ = ["check_arguments", "check_dataset", "checked_batch_size_fn"]
+__all__ = ["check_arguments", "check_dataset", "checked_batch_size_fn", "is_empty"]
 
 
 def check_arguments(history: Any, elapsed: Any, batch_size_fn: Any, stop_signals: Any) -> None:
@@ -57,33 +56,6 @@ def _items(value: Any) -> list[Any]:
         return [None]
 
 
-def checked_batch_size_fn(fn: Callable[[Any], Any]) -> Callable[[Any], int]:
-    """``fn`` with its result checked: a non-negative integer.
-
-    Example:
-        >>> checked_batch_size_fn(len)([1, 2])
-        2
-        >>> checked_batch_size_fn(lambda b: -1)(None)
-        Traceback (most recent call last):
-        ValueError: loop(batch_size_fn=<lambda>) returned -1; it must return the number of samples in the batch, an int >= 0.
-    """  # noqa: E501
-
-    def batch_size(batch: Any) -> int:
-        size = fn(batch)
-        if isinstance(size, numbers.Integral) and not isinstance(size, bool):
-            if int(size) >= 0:
-                return size  # type: ignore[return-value]
-        elif getattr(size, "shape", None) == () and "int" in str(getattr(size, "dtype", "")):
-            return size  # type: ignore[no-any-return]  # a JAX integer: not synchronised here
-        name = getattr(fn, "__name__", repr(fn))
-        raise (ValueError if isinstance(size, numbers.Integral) else TypeError)(
-            f"loop(batch_size_fn={name}) returned {size!r}; it must return the number of "
-            f"samples in the batch, an int >= 0."
-        )
-
-    return batch_size
-
-
 def check_dataset(dataset: Any) -> None:
     """Raises a ``ValueError`` for a generator that already ran to its end: reused, it
     would yield nothing, and the loop would end at once with no step and no error.
@@ -97,9 +69,29 @@ def check_dataset(dataset: Any) -> None:
         Traceback (most recent call last):
         ValueError: loop(dataset=...) is a generator that is already exhausted (an earlier loop or a list() consumed it), so it would yield no batch. A generator runs once: call its function again for a new one, or give a list or another re-iterable dataset.
     """  # noqa: E501
+    if is_empty(dataset):
+        warnings.warn(
+            "loop(dataset=...) is empty (it has no batch), so the loop runs no step. Give a "
+            "dataset with batches; train_loop and test_loop raise an error for an empty one.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     if inspect.isgenerator(dataset) and inspect.getgeneratorstate(dataset) == "GEN_CLOSED":
         raise ValueError(
             "loop(dataset=...) is a generator that is already exhausted (an earlier loop or a "
             "list() consumed it), so it would yield no batch. A generator runs once: call its "
             "function again for a new one, or give a list or another re-iterable dataset."
         )
+
+
+def is_empty(dataset: Any) -> bool:
+    """Whether ``dataset`` has a length, of 0 (an empty list or array of batches).
+
+    Example:
+        >>> is_empty([]), is_empty([1]), is_empty(iter([]))
+        (True, False, False)
+    """
+    try:
+        return len(dataset) == 0
+    except TypeError:  # no length (an iterator, a generator): unknown until iterated
+        return False

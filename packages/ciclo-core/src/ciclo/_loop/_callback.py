@@ -21,6 +21,7 @@ from ._state import LoopState
 
 __all__ = [
     "Callback",
+    "LoopInterrupted",
     "positional_arity",
     "check_single_argument",
     "is_periodic_action",
@@ -41,6 +42,22 @@ _NOT_THE_STATE = {
     "batch": "the batch is the second argument",
     "loop_state": "the LoopState is the fourth argument",
 }
+
+
+class LoopInterrupted(Exception):
+    """Raised by a loop run inside a callback of another loop (an evaluation inside a
+    training loop) when a stop signal of the outer loop cut it short: its result would be
+    partial. A :class:`Callback` that raises it returns nothing (the partial result is not
+    recorded), and the outer loop stops after the current step.
+
+    Args:
+        reason: why (``"stopped by SIGTERM"``).
+        then: what follows, for the loop's stop message (``"; a resumed run ..."``).
+    """
+
+    def __init__(self, reason: str, then: str = "") -> None:
+        super().__init__(reason)
+        self.reason, self.then = reason, then
 
 
 def positional_arity(fn: Callable[..., Any]) -> int:
@@ -231,13 +248,21 @@ class Callback:
 
     def __call__(self, loop_state: LoopState) -> tuple[Logs | None, Any]:
         arity = self.arity
-        if arity == 2:  # the common (state, batch) step
-            out = self.method(loop_state.state, loop_state.batch)
-        elif arity < 0:
-            out = self.method(loop_state)
-        else:
-            args = (loop_state.state, loop_state.batch, loop_state.elapsed, loop_state)
-            out = self.method(*args[:arity])
+        try:
+            if arity == 2:  # the common (state, batch) step
+                out = self.method(loop_state.state, loop_state.batch)
+            elif arity < 0:
+                out = self.method(loop_state)
+            else:
+                args = (loop_state.state, loop_state.batch, loop_state.elapsed, loop_state)
+                out = self.method(*args[:arity])
+        except LoopInterrupted as cut:
+            # The outer loop is stopping (it has stop_iteration set): say what was cut.
+            loop_state.stop_reason = (
+                f"{cut.reason}; {self.name} at step {loop_state.elapsed.steps} ended at its "
+                f"next batch and is not recorded{cut.then}"
+            )
+            return None, NO_CHANGE
         if out is None:
             return None, NO_CHANGE
         if type(out) is tuple and len(out) == 2:  # (logs, state): the common case, checked

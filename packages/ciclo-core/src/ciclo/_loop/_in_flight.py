@@ -32,6 +32,11 @@ class InFlight:
     __slots__ = ("countdown", "limit", "marks")
 
     def __init__(self, limit: int) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(
+                f"max_steps_in_flight must be an int >= 0 (the steps JAX may run ahead of "
+                f"Python; 0: unbounded), got {limit!r}."
+            )
         self.limit = limit
         self.countdown = limit if limit > 0 else -1  # steps until the next mark
         self.marks: deque[jax.Array] = deque()

@@ -63,6 +63,11 @@ class EpochClock:
         self.begun = self.ended = False  # the decided step begins / ends an epoch
         self.due = dict.fromkeys(tests, False)  # the decided step is followed by evaluation
         self._step: Elapsed | None = None  # the step decided last (its count before it)
+        # A stop cut the evaluation of the decided step: the sets still to evaluate after
+        # it, and whether it ended an epoch (see cut); the later tasks of the step then
+        # do not fire, and a resumed run runs them first (see owed).
+        self.owed: list[str] = []
+        self.owed_epoch_end = False
         self._loop_state: LoopState | None = None
         self.schedule: Schedule = _ClockSchedule(self)
         self.bind = Hook("train_loop clock", self.attach)
@@ -101,6 +106,19 @@ class EpochClock:
         for name, test in self._test_schedules.items():
             self.due[name] = test(after) if test else self.ended
 
+    def cut(self, name: str) -> None:
+        """A stop cut the evaluation of set ``name`` at the decided step: it, the sets due
+        after it and the step's epoch end are owed; nothing more of them runs now."""
+        names = list(self.due)
+        self.owed = [n for n in names[names.index(name) :] if self.due[n]]
+        self.owed_epoch_end = self.ended
+
+    def take_owed(self) -> tuple[list[str], bool]:
+        """What a cut step still owes (from the checkpoint of a resumed run), once."""
+        owed = (self.owed, self.owed_epoch_end)
+        self.owed, self.owed_epoch_end = [], False
+        return owed
+
     def restore(self, *, first: bool, ended: bool) -> None:
         """Continues a run whose last decided step ``ended`` an epoch (or none, ``first``)."""
         self.first, self.ended, self._step = first, ended, None
@@ -117,13 +135,13 @@ class EpochClock:
     def ends(self) -> Schedule:
         """Fires at the step that completes an epoch."""
         inner = (self._epoch_schedule,) if self._epoch_schedule else ()
-        return _Flag(self, "ends", lambda: self.ended, *inner)
+        return _Flag(self, "ends", lambda: self.ended and not self.owed, *inner)
 
     def test_due(self, name: str) -> Schedule:
         """Fires at the steps after which the evaluation set ``name`` is evaluated."""
         test = self._test_schedules[name]
         inner = (test,) if test else ()
-        return _Flag(self, f"test_due[{name!r}]", lambda: self.due[name], *inner)
+        return _Flag(self, f"test_due[{name!r}]", lambda: self.due[name] and not self.owed, *inner)
 
 
 class _ClockSchedule(Schedule):
@@ -143,11 +161,17 @@ class _ClockSchedule(Schedule):
     def state_dict(self) -> dict[str, Any]:
         # A resumed run needs to know whether the last step ended an epoch (the next one
         # then begins one): the count alone does not say it for epochs in samples or time.
-        return {**super().state_dict(), "first": self.clock.first, "ends": self.clock.ended}
+        state = {**super().state_dict(), "first": self.clock.first, "ends": self.clock.ended}
+        if self.clock.owed:  # a stop cut an evaluation: what the resumed run runs first
+            state["owed"] = {"tests": self.clock.owed, "epoch_end": self.clock.owed_epoch_end}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self.clock.restore(first=bool(state["first"]), ended=bool(state["ends"]))
+        owed = state.get("owed") or {"tests": [], "epoch_end": False}
+        self.clock.owed = list(owed["tests"])
+        self.clock.owed_epoch_end = bool(owed["epoch_end"])
 
     def __repr__(self) -> str:
         return "train_loop.clock"

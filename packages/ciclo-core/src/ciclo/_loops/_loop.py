@@ -79,7 +79,8 @@ def loop(
             returns after Ctrl-C (SIGINT), and the process exits with status
             ``128 + signal`` (143 for SIGTERM) after any other signal, so that a scheduler
             sees an interrupted run. The same signal twice interrupts at once. Only the
-            outermost loop handles them: a loop run inside a callback runs to its end.
+            outermost loop handles them: a loop run inside a callback (an evaluation)
+            ends at its next batch and its callback records nothing.
             ``loop_state.stop_reason`` says why the loop stopped.
         resume: a checkpoint directory (or the ``ciclo.checkpoint`` itself). When it holds a
             checkpoint, the loop continues from the latest one as if it had never stopped:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from .._loop._arguments import is_empty
 from .._loop._in_flight import InFlight
 from .._loop._state import LoopState
 from .._records._aggregate import AggregationSpec, Aggregator
@@ -158,6 +159,8 @@ def evaluate_dataset(
     """:func:`test_loop`, whose error for a dataset that yields no batch names the dataset
     as ``where`` (``"test_dataset['valid']"`` in ``train_loop``)."""
     check_no_hooks("test_loop", loop_kwargs)
+    if is_empty(dataset) and stop != 0:  # the error below, without loop's warning first
+        raise ValueError(_SAW_NO_BATCH.format(where=where))
     registry = Registry("test_loop", moments("test"), "on_test_step", state, tasks, callbacks)
     registry.require_step("test_step")
     if aggregation is None or isinstance(aggregation, Mapping):
@@ -189,10 +192,13 @@ def evaluate_dataset(
         **loop_kwargs,
     )
     if elapsed.steps == 0 and stop != 0:
-        raise ValueError(
-            f"the evaluation saw no batch: {where} yielded nothing, so there is no metric "
-            f"to report. It is empty, or an iterator or generator that an earlier "
-            f"evaluation used up: give a function returning a fresh dataset (called for "
-            f"each evaluation) or a re-iterable one such as a list."
-        )
+        raise ValueError(_SAW_NO_BATCH.format(where=where))
     return state, result[0], elapsed
+
+
+_SAW_NO_BATCH = (
+    "the evaluation saw no batch: {where} yielded nothing, so there is no metric to report. "
+    "It is empty, or an iterator or generator that an earlier evaluation used up: give a "
+    "function returning a fresh dataset (called for each evaluation) or a re-iterable one "
+    "such as a list."
+)

@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .._loop._callback import as_callback
+from .._loop._arguments import is_empty
+from .._loop._callback import LoopInterrupted, as_callback
 from .._loop._state import LoopState
+from .._loop._step import run_callbacks
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period
@@ -175,15 +177,20 @@ def train_loop(
 
     def evaluation(name: str, make_dataset: Callable[[], Iterable[Any]]) -> Any:
         def run_test(state: Any) -> tuple[Any, Logs, Elapsed]:
-            result = evaluate_dataset(
-                state,
-                make_dataset(),
-                test_tasks,
-                dataset_label(test_dataset, name),
-                batch_size_fn=batch_size_fn,
-                metadata=metadata,
-                stop_signals=(),  # a Ctrl-C during evaluation stops the training loop
-            )
+            try:
+                result = evaluate_dataset(
+                    state,
+                    make_dataset(),
+                    test_tasks,
+                    dataset_label(test_dataset, name),
+                    batch_size_fn=batch_size_fn,
+                    metadata=metadata,
+                    stop_signals=(),  # a Ctrl-C during evaluation stops the training loop
+                )
+            except LoopInterrupted as cut:  # a resumed run evaluates again
+                clock.cut(name)
+                then = f"{cut.then}; a resumed run evaluates again at this step"
+                raise LoopInterrupted(cut.reason, then) from None
             runs[name] += 1
             if all(runs.values()):  # monitors of evaluation entries are now strict
                 clock.loop_state.evaluated = True
@@ -210,6 +217,8 @@ def train_loop(
     ]
     if test_at_start and evaluations:
         start.append(Hook("train_loop test_at_start", _evaluate_at_start(evaluations)))
+    epoch_end = [as_callback(c) for c in named["on_epoch_end"]]
+    start.append(Hook("train_loop owed", _run_owed(clock, evaluations, epoch_end)))
     on_end: list[Any] = []
     if test_at_end and epoch is not None:  # a last epoch cut short ends here
         last = [evaluations[name] for name, (_, duration) in sets.items() if not duration]
@@ -218,6 +227,11 @@ def train_loop(
         on_end += [evaluations[name] for name, (_, duration) in sets.items() if not duration]
         on_end += named["on_epoch_end"]
     on_end += named["on_train_end"]
+    if is_empty(train_dataset):  # after the other arguments' checks
+        raise ValueError(
+            "train_loop(train_dataset=...) is empty (it has no batch), so there is nothing to "
+            "train on. Give a dataset with batches (a list, a generator, a DataLoader...)."
+        )
     history = History() if history is None else history
     if sets:
         history.hint_missing(_why_not_evaluated(sets, runs, epoch, stop))
@@ -241,7 +255,7 @@ def _if_cut(clock: EpochClock, callback: Any) -> Hook:
     wrapped = as_callback(callback)
 
     def run(loop_state: LoopState) -> Any:
-        if clock.first or clock.ended:  # no step in this loop, or the epoch ended
+        if clock.first or clock.ended or clock.owed:  # no step, the epoch ended, or cut
             return None
         return wrapped(loop_state)
 
@@ -263,6 +277,44 @@ def _evaluate_at_start(
         return logs
 
     return evaluate
+
+
+def _run_owed(
+    clock: EpochClock,
+    evaluations: Mapping[str, Callable[[Any], tuple[Logs, Any]]],
+    epoch_end: list[Any],
+) -> Callable[[LoopState], None]:
+    """The ``on_start`` hook of a resumed run whose last step a stop cut during an
+    evaluation: runs what that step owed (the evaluations, then ``on_epoch_end`` if it
+    ended an epoch) on the restored state, as of that step, and adds their logs to its row
+    of history, as an uninterrupted run would have."""
+
+    def run_owed(loop_state: LoopState) -> None:
+        tests, ended = clock.take_owed()
+        if not loop_state.resumed or not (tests or ended):
+            return
+        history = loop_state.history
+        row = history[-1]
+        after, at = loop_state.elapsed, Elapsed(**row.pop("elapsed"))
+        loop_state.elapsed, loop_state.logs = at, Logs(row)
+        try:
+            owed = Logs()
+            for name in tests:
+                if name in evaluations:  # (a set this run still has)
+                    owed.merge(evaluations[name](loop_state.state)[0])
+            loop_state.logs.merge(owed)
+            if ended:
+                run_callbacks(epoch_end, loop_state)
+                for collection, entries in loop_state.logs.items():
+                    for entry, value in entries.items():
+                        if entry not in row.get(collection, {}):
+                            owed.setdefault(collection, {})[entry] = value
+            history.add_to_last_row(owed)
+            loop_state.remember(owed)
+        finally:
+            loop_state.elapsed, loop_state.logs = after, Logs()
+
+    return run_owed
 
 
 def _why_not_evaluated(

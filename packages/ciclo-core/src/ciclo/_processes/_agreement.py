@@ -38,6 +38,7 @@ __all__ = [
     "ProcessFailedError",
     "coordination_client",
     "end_agreement",
+    "fault_of_another_process",
     "gather_to_all",
     "preemption_reached",
     "preemption_service_on",
@@ -204,7 +205,7 @@ class Agreement:
                 )
             except Exception as error:
                 self._noticed.set()
-                _skip_jax_shutdown_at_exit()
+                _skip_jax_shutdown_at_exit(1, self)
                 raise ProcessFailedError(
                     f"process {process} did not reach {what} of the loop within "
                     f"{self.timeout:g} s (this is process {self.process}): it failed, hangs, "
@@ -214,6 +215,7 @@ class Agreement:
             other = json.loads(raw)
             if "fault" in other:
                 self._noticed.set()
+                _skip_jax_shutdown_at_exit(1, self)  # the failed one skips it: no barrier to meet
                 raise ProcessFailedError(f"process {process} failed: {other['fault']}")
             records.append(other)
         return records
@@ -228,6 +230,17 @@ class Agreement:
         """Publishes this process's error, so the others end too instead of waiting."""
         if isinstance(error, ProcessFailedError):
             return  # another process failed first; it already said so
+        # The others end on this fault, process 0 with the coordination service: JAX's
+        # shutdown at this process's exit would then abort it (SIGABRT, a C++ trace) instead
+        # of letting it end with its own error's status.
+        # Process 0 holds the service: at its exit it waits (a little) for the others to
+        # end first, so that they end with their own errors too.
+        _skip_jax_shutdown_at_exit(_exit_status(error), self)
+        with contextlib.suppress(Exception):
+            earlier = self._published_fault()
+            if earlier is not None:  # a collective that failed with it: name the cause
+                error.add_note(f"(ciclo: {earlier}; this process's error follows from it.)")
+                return
         fault = json.dumps({"fault": f"{type(error).__name__}: {error}", "process": self.process})
         for key in (f"{self._prefix}fault", self._next_key):
             if key is not None:
@@ -241,6 +254,20 @@ class Agreement:
             self.client.key_value_set(
                 f"{self._prefix}alive/{self.process}", "done", allow_overwrite=True
             )
+
+    def wait_for_the_others(self, *, seconds: float) -> None:
+        """Waits until every other process has ended its loop (or ``seconds``): the process
+        that hosts the coordination service keeps it up until they end on their own."""
+        deadline = time.monotonic() + seconds
+        others = [p for p in range(self.count) if p != self.process]
+        while others and time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                alive = self.client.key_value_try_get(f"{self._prefix}alive/{others[0]}")
+                if alive == "done":
+                    others.pop(0)
+                    continue
+            time.sleep(0.05)
+        time.sleep(0.2)  # their os._exit follows their "done" at once
 
     # --- the watchdog ---------------------------------------------------------------------
     def _watch(self) -> None:
@@ -269,6 +296,8 @@ class Agreement:
                 file=sys.stderr,
                 flush=True,
             )
+            if self.process == 0:  # it holds the service: the others end first
+                self.wait_for_the_others(seconds=GRACE_SECONDS + 2 * HEARTBEAT_SECONDS)
             os._exit(1)
 
     def _published_fault(self) -> str | None:
@@ -300,10 +329,41 @@ class Agreement:
         return None
 
 
-def _skip_jax_shutdown_at_exit() -> None:
-    """A process of the job is gone: JAX's shutdown at exit would wait for it at a barrier
-    until the coordination service's heartbeat timeout (100 s by default). Ends this process
-    first, once the other exit handlers registered after JAX's have run."""
+def _exit_status(error: BaseException) -> int:
+    """The status a process ends with when ``error`` leaves it (as Python would)."""
+    if isinstance(error, SystemExit):
+        code = error.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    if isinstance(error, KeyboardInterrupt):
+        return 128 + 2
+    return 1
+
+
+def fault_of_another_process() -> ProcessFailedError | None:
+    """The error naming another process's published fault, when the running outermost loop
+    of several processes has one (a collective of this process then failed because of it:
+    that error says less than this one); else ``None``."""
+    agreement = _active
+    if agreement is None:
+        return None
+    try:
+        fault = agreement._published_fault()
+    except Exception:
+        return None
+    if fault is None:
+        return None
+    agreement._noticed.set()
+    _skip_jax_shutdown_at_exit(1, agreement)  # the failed one skips it: no barrier to meet
+    return ProcessFailedError(fault)
+
+
+def _skip_jax_shutdown_at_exit(status: int, agreement: Agreement) -> None:
+    """A process of the job is gone (or goes because this one failed): JAX's shutdown at
+    exit would wait for it at a barrier until the coordination service's heartbeat timeout
+    (100 s by default), or abort when the service goes. Ends this process with ``status``
+    first, once the other exit handlers registered after JAX's have run. Process 0, which
+    holds the service, first waits a few seconds for the others of ``agreement`` to end
+    (else they would abort when the service goes)."""
     global _exit_registered
     if _exit_registered:
         return
@@ -312,7 +372,9 @@ def _skip_jax_shutdown_at_exit() -> None:
     def exit_now() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(1)
+        if agreement.process == 0:
+            agreement.wait_for_the_others(seconds=GRACE_SECONDS + 2 * HEARTBEAT_SECONDS)
+        os._exit(status)
 
     atexit.register(exit_now)
 

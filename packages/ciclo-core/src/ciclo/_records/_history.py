@@ -257,6 +257,28 @@ class History:
         ):
             self.fetch()
 
+    def add_to_last_row(self, logs: Mapping[str, Mapping[str, Any]]) -> None:
+        """Adds entries the last row does not hold yet (what a step owed when a stop cut
+        it, run by the resumed loop: ``train_loop``'s evaluation).
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> history.commit(ciclo.Elapsed.create(), ciclo.logs().add_loss("loss", 1.0))
+            >>> history.add_to_last_row(ciclo.logs().add_metric("acc_test", 0.5))
+            >>> history.collect("loss", "acc_test")
+            ([1.0], [0.5])
+        """
+        self.fetch()
+        row = self._num_rows - 1
+        if row < 0:
+            raise ValueError("add_to_last_row: the history has no row yet.")
+        entries = {(c, n): ([row], [v]) for c, values in logs.items() for n, v in values.items()}
+        held = [f"{c}.{n}" for c, n in entries if self._column_for((c, n), row).value_at(row)[0]]
+        if held:
+            raise ValueError(f"add_to_last_row: the last row already holds {held}.")
+        self._store(entries, {}, fetch=True)
+
     def fetch(self) -> None:
         """Fetches all pending device values to the host (batched, see ``_host.to_host``)."""
         if not self._num_pending:

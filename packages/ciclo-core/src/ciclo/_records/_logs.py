@@ -60,6 +60,14 @@ class _CollectionView(MutableMapping[str, Any]):
         return repr(self._entries)
 
 
+def _not_a_number(method: str, name: str, value: Any) -> TypeError:
+    return TypeError(
+        f"logs().{method}({name!r}, {value!r}): the value is a {type(value).__name__}; losses "
+        f"and metrics are numbers or arrays (aggregated, plotted, averaged). Log text with "
+        f"add_entry('text', {name!r}, ...) or add_output."
+    )
+
+
 class Logs(dict[str, Any]):
     """Nested logs ``{collection: {name: value}}``, a JAX pytree.
 
@@ -116,14 +124,20 @@ class Logs(dict[str, Any]):
 
     def add_loss(self, name: str, value: Any) -> Logs:
         """Adds a loss; managed train steps differentiate the sum of all losses."""
+        if isinstance(value, str | bytes):
+            raise _not_a_number("add_loss", name, value)
         return self.add_entry("losses", name, value)
 
     def add_metric(self, name: str, value: Any) -> Logs:
         """Adds a metric (averaged over an evaluation, weighted by samples)."""
+        if isinstance(value, str | bytes):
+            raise _not_a_number("add_metric", name, value)
         return self.add_entry("metrics", name, value)
 
     def add_stateful_metric(self, name: str, value: Any) -> Logs:
         """Adds a metric that already accumulates over steps (reported as is)."""
+        if isinstance(value, str | bytes):
+            raise _not_a_number("add_stateful_metric", name, value)
         return self.add_entry("stateful_metrics", name, value)
 
     def add_output(self, name: str, value: Any) -> Logs:
@@ -133,7 +147,9 @@ class Logs(dict[str, Any]):
     # The original ciclo's plural forms: several entries by keyword.
     def add_losses(self, **values: Any) -> Logs:
         """Adds several losses by name: ``logs.add_losses(loss=l, l2=r)``."""
-        return self.add_entries("losses", **values)
+        for name, value in values.items():
+            self.add_loss(name, value)
+        return self
 
     def add_metrics(self, **values: Any) -> Logs:
         """Adds several metrics by name: ``logs.add_metrics(accuracy=a, f1=f)``.
@@ -143,11 +159,15 @@ class Logs(dict[str, Any]):
             >>> ciclo.logs().add_metrics(accuracy=0.9, f1=0.8)
             {'metrics': {'accuracy': 0.9, 'f1': 0.8}}
         """
-        return self.add_entries("metrics", **values)
+        for name, value in values.items():
+            self.add_metric(name, value)
+        return self
 
     def add_stateful_metrics(self, **values: Any) -> Logs:
         """Adds several stateful metrics by name."""
-        return self.add_entries("stateful_metrics", **values)
+        for name, value in values.items():
+            self.add_stateful_metric(name, value)
+        return self
 
     def add_outputs(self, **values: Any) -> Logs:
         """Adds several outputs by name."""

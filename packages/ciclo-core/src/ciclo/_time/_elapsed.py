@@ -15,7 +15,7 @@ import numpy as np
 
 from ._units import check_amount
 
-__all__ = ["Elapsed", "Period", "at", "elapse", "default_batch_size"]
+__all__ = ["Elapsed", "Period", "at", "elapse", "default_batch_size", "checked_batch_size_fn"]
 
 _new = object.__new__
 _set = object.__setattr__  # frozen dataclass fields are set this way; done by hand per step
@@ -185,6 +185,11 @@ def as_period(value: int | Period | None, what: str) -> Period | None:
     if value is None or isinstance(value, Period):
         return value
     if isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_):
+        if value < 0:
+            raise ValueError(
+                f"{what} must not be negative, got {value!r}. Example: {what}=1000 or "
+                f"{what}=ciclo.at(samples=60_000)."
+            )
         return at(int(value))
     raise TypeError(
         f"{what} must be an int (steps) or a ciclo.at(...) Period, got {value!r} "
@@ -209,6 +214,42 @@ def default_batch_size(batch: Any) -> int:
         if shape is not None and len(shape) > 0:
             return int(shape[0])
     return 1
+
+
+def checked_batch_size_fn(fn: Callable[[Any], Any], caller: str = "loop") -> Callable[[Any], int]:
+    """``fn`` with its result checked: a non-negative integer (a JAX integer is not
+    synchronised to be checked); ``caller`` names the function it was given to.
+
+    Example:
+        >>> checked_batch_size_fn(len)([1, 2])
+        2
+        >>> checked_batch_size_fn(lambda b: -1)(None)
+        Traceback (most recent call last):
+        ValueError: loop(batch_size_fn=<lambda>) returned -1; it must return the number of samples in the batch, an int >= 0.
+    """  # noqa: E501
+    if getattr(fn, "checked_batch_size", False):
+        return fn
+    if not callable(fn):
+        raise TypeError(
+            f"{caller}(batch_size_fn={fn!r}): expected a function batch -> int (the number "
+            f"of samples in a batch), got {type(fn).__name__}."
+        )
+
+    def batch_size(batch: Any) -> int:
+        size = fn(batch)
+        if isinstance(size, numbers.Integral) and not isinstance(size, bool):
+            if int(size) >= 0:
+                return size  # type: ignore[return-value]
+        elif getattr(size, "shape", None) == () and "int" in str(getattr(size, "dtype", "")):
+            return size  # type: ignore[no-any-return]  # a JAX integer: not synchronised here
+        name = getattr(fn, "__name__", repr(fn))
+        raise (ValueError if isinstance(size, numbers.Integral) else TypeError)(
+            f"{caller}(batch_size_fn={name}) returned {size!r}; it must return the number of "
+            f"samples in the batch, an int >= 0."
+        )
+
+    batch_size.checked_batch_size = True  # type: ignore[attr-defined]
+    return batch_size
 
 
 class elapse(Iterator[tuple[Elapsed, Any]]):
@@ -252,7 +293,11 @@ class elapse(Iterator[tuple[Elapsed, Any]]):
                 f"dataset=make_dataset()."
             ) from None
         self._stop = as_period(stop, "stop")
-        self._batch_size_fn = batch_size_fn or default_batch_size
+        self._batch_size_fn = (
+            default_batch_size
+            if batch_size_fn is None
+            else checked_batch_size_fn(batch_size_fn, "elapse")
+        )
         self._clock = clock
         self.elapsed = self._restart_clock(initial) if initial else Elapsed.create()
         self._pending: Any = _NOTHING

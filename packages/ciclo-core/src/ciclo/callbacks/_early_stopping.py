@@ -377,6 +377,15 @@ class TerminateOnNaN(LoopCallbackBase):
         verbose: bool = True,
         file: IO[str] | None = None,
     ) -> None:
+        if (
+            isinstance(interval, bool)
+            or not isinstance(interval, int | float)
+            or not interval >= 0  # NaN too
+        ):
+            raise ValueError(
+                f"terminate_on_nan: interval must be >= 0 seconds (0 checks every step), got "
+                f"{interval!r}."
+            )
         self.watch = None if keys is None else list(keys)
         self.interval = interval
         self.verbose, self.file = verbose, file

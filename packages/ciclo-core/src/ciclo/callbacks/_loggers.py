@@ -98,6 +98,11 @@ class CSVLogger(LoopCallbackBase):
                 f"csv_logger: the directory of {str(self.path)!r} does not exist; create it "
                 f"first (e.g. os.makedirs({str(self.path.parent)!r}, exist_ok=True))."
             )
+        if writes_here(self.process) and self.path.is_dir():
+            raise IsADirectoryError(
+                f"csv_logger: {str(self.path)!r} is a directory; give the path of the CSV "
+                f"file to write, e.g. ciclo.csv_logger({str(self.path / 'log.csv')!r})."
+            )
 
     def _read(self) -> tuple[list[str], list[dict[str, Any]]]:
         if self.path.exists() and self.path.stat().st_size:

@@ -37,7 +37,7 @@ from ._strategies import (
     data_mesh,
     partition_spec,
     put_global,
-    register_strategy,
+    register_built_in,
     step_counts,
 )
 
@@ -512,5 +512,5 @@ def _sharded(
     )
 
 
-register_strategy("sharded", sharded)
-register_strategy("fsdp", fsdp)
+register_built_in("sharded", sharded)
+register_built_in("fsdp", fsdp)

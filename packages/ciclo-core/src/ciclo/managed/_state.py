@@ -108,8 +108,24 @@ class ManagedState:
         """
         if tx is not None and not isinstance(tx, optax.GradientTransformation):
             raise TypeError(f"tx must be an optax optimizer such as optax.adam(1e-3), got {tx!r}.")
+        if isinstance(key, bool) or not (
+            key is None or isinstance(key, int) or _is_random_key(key)
+        ):
+            raise TypeError(
+                f"{cls.__name__}.create(key={key!r}): key must be a JAX random key such as "
+                f"jax.random.key(0), an int seed, or None; got {type(key).__name__}."
+            )
         if isinstance(key, int):
             key = jax.random.key(key)
+        set_by_create = sorted({"step", "opt_state"} & set(fields))
+        if set_by_create:
+            raise TypeError(
+                _SET_BY_CREATE.format(
+                    cls=cls.__name__,
+                    names=" or ".join(repr(n) for n in set_by_create),
+                    fix=", ".join(f"{n}=..." for n in set_by_create),
+                )
+            )
         _declare_fields(cls)
         own = {f.name for f in dataclasses.fields(cls)}
         extra = dict(fields.pop("extra", None) or {})
@@ -559,6 +575,7 @@ class ManagedStep:
             logs, new_state = self._run(current.replace(params=params), batch, broadcasts, statics)
             return _total_loss(self, logs), (logs, new_state.replace(params=state.params))
 
+        _check_real_params(self, state.params)
         gradient = jax.grad(objective, has_aux=True)
         if micro_steps == 1:
             grads, (logs, new_state) = gradient(state.params, state, batch)
@@ -875,6 +892,41 @@ def _split_batch(step: ManagedStep, batch: Any, parts: int) -> tuple[Any, int]:
 
     micro = jax.tree_util.tree_map_with_path(split, batch)
     return micro, (rows.pop() if len(rows) == 1 else -1)
+
+
+def _is_random_key(key: Any) -> bool:
+    """A typed JAX key (``jax.random.key``) or a raw one (``jax.random.PRNGKey``: uint32)."""
+    dtype = getattr(key, "dtype", None)
+    if dtype is None:
+        return False
+    if jnp.issubdtype(dtype, jax.dtypes.prng_key):
+        return True
+    return bool(dtype == np.uint32 and np.shape(key)[-1:] == (2,))
+
+
+_SET_BY_CREATE = (
+    "{cls}.create() does not take {names}: it sets step=0 and opt_state=tx.init(params) "
+    "itself. To start from another step or optimizer state, create the state, then "
+    "state.replace({fix}) (or restore a checkpoint with ciclo.restore)."
+)
+
+_INTEGER_PARAMS = (
+    "managed train step {name}: params hold integer leaves {leaves}, and gradients need "
+    "real-valued (float) params. Make them floats, e.g. jnp.asarray(w, jnp.float32), or keep "
+    "values that are not trained out of params: ManagedState.create(..., extra={{...}})."
+)
+
+
+def _check_real_params(step: ManagedStep, params: Any) -> None:
+    """Raises a ``TypeError`` naming the integer (or boolean) leaves of ``params``."""
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    integer = [
+        f"{jax.tree_util.keystr(path)} ({jnp.result_type(leaf).name})"
+        for path, leaf in leaves
+        if not jnp.issubdtype(jnp.result_type(leaf), jnp.inexact)
+    ]
+    if integer:
+        raise TypeError(_INTEGER_PARAMS.format(name=step.__name__, leaves=integer[:5]))
 
 
 def _total_loss(step: ManagedStep, logs: Logs) -> jax.Array:

@@ -47,6 +47,8 @@ __all__ = [
     "data_parallel",
     "pmap",
     "register_strategy",
+    "register_built_in",
+    "BUILT_IN",
     "get_strategy",
     "strategy_names",
 ]
@@ -259,19 +261,36 @@ def check_feedable(
     if all(len(owner) == 1 for owner in owners) and len(set(counts.values())) == 1:
         return
     shape = dict(zip(axis_names, devices.shape, strict=True))
+    processes = len({device.process_index for device in devices.flat})
+    others = [name for name in axis_names if name not in names]
+    rest = devices.size // processes
+    if len(others) == 1:
+        example = f"jax.make_mesh(({processes}, {rest}), ({names[0]!r}, {others[0]!r}))"
+    else:
+        example = f"jax.make_mesh(({processes}, ...), ({names[0]!r}, ...))"
     raise ValueError(
-        f"{strategy}: the mesh {shape} cannot be fed from process-local batches: along its "
-        f"batch axis {tuple(names)}, "
-        + (
-            "a position holds devices of several processes"
-            if any(len(owner) > 1 for owner in owners)
-            else "the processes hold different numbers of positions"
+        _NOT_FEEDABLE.format(
+            strategy=strategy,
+            shape=shape,
+            names=tuple(names),
+            why=(
+                "a position holds devices of several processes"
+                if any(len(owner) > 1 for owner in owners)
+                else "the processes hold different numbers of positions"
+            ),
+            processes=processes,
+            example=example,
         )
-        + ", so each process's part of the batch has no place of its own. Build the mesh so "
-        f"that the batch axis spans the processes (jax.make_mesh orders devices by process: "
-        f"put the batch axis first, e.g. jax.make_mesh(({len(owners)}, ...), "
-        f"({names[0]!r}, ...))), or split the batch over another axis (axis=...)."
     )
+
+
+_NOT_FEEDABLE = (
+    "{strategy}: the mesh {shape} cannot be fed from process-local batches: along its batch "
+    "axis {names}, {why}, so each process's part of the batch has no place of its own. Build "
+    "the mesh so that the batch axis spans the {processes} processes: jax.make_mesh orders "
+    "devices by process, so put the batch axis first with a size of {processes} (or a "
+    "multiple of it), e.g. {example}; or split the batch over another axis (axis=...)."
+)
 
 
 def batch_placer(
@@ -504,8 +523,16 @@ _REGISTRY: dict[str, Callable[..., Strategy]] = {}
 _INSTANCES: dict[tuple[Callable[..., Strategy], tuple[tuple[str, Any], ...]], Strategy] = {}
 
 
-def register_strategy(name: str, factory: Callable[..., Strategy]) -> None:
+def register_strategy(
+    name: str, factory: Callable[..., Strategy], *, replace: bool = False
+) -> None:
     """Makes ``factory(**options)`` available as ``strategy=name``.
+
+    Args:
+        name: the name ``strategy=`` takes.
+        factory: ``(**options) -> Strategy``.
+        replace: allow replacing a built-in strategy (``"jit"``...): every state created
+            with ``strategy=name`` afterwards gets the new one.
 
     Example:
         >>> import ciclo
@@ -520,7 +547,24 @@ def register_strategy(name: str, factory: Callable[..., Strategy]) -> None:
             f"register_strategy({name!r}, factory): factory must be a callable returning a "
             f"ciclo.managed.Strategy, got {factory!r}."
         )
+    if name in BUILT_IN and not replace:
+        raise ValueError(
+            f"register_strategy({name!r}, factory): {name!r} is a built-in strategy, and "
+            f"registering another factory under its name would change what "
+            f"strategy={name!r} means everywhere. Choose another name, or pass "
+            f"replace=True to replace it."
+        )
     _REGISTRY[name] = factory
+
+
+#: The names of ciclo's own strategies, which register_strategy replaces only when told.
+BUILT_IN: set[str] = set()
+
+
+def register_built_in(name: str, factory: Callable[..., Strategy]) -> None:
+    """Registers one of ciclo's own strategies (see :data:`BUILT_IN`)."""
+    register_strategy(name, factory)
+    BUILT_IN.add(name)
 
 
 def strategy_names() -> list[str]:
@@ -584,14 +628,14 @@ def get_strategy(strategy: str | Strategy, **options: Any) -> Strategy:
     return made
 
 
-register_strategy("eager", eager)
-register_strategy("jit", jit)
-register_strategy("data-parallel", data_parallel)
-register_strategy("data_parallel", data_parallel)
-register_strategy("pmap", pmap)
+register_built_in("eager", eager)
+register_built_in("jit", jit)
+register_built_in("data-parallel", data_parallel)
+register_built_in("data_parallel", data_parallel)
+register_built_in("pmap", pmap)
 # The original ciclo's names of the donating strategies: the same instances as
 # get_strategy("jit", donate=True), so they share compiled steps.
-register_strategy("jit_donate", functools.partial(get_strategy, "jit", donate=True))
-register_strategy(
+register_built_in("jit_donate", functools.partial(get_strategy, "jit", donate=True))
+register_built_in(
     "data_parallel_donate", functools.partial(get_strategy, "data_parallel", donate=True)
 )
