@@ -25,7 +25,12 @@ from .._loop._signals import exit_if_terminated, stop_gracefully_on
 from .._loop._state import LoopInputs, LoopState
 from .._loop._step import commit, run_callbacks
 from .._loop._tasks import Tasks, as_callback_list, normalize_tasks, run_end_hooks
-from .._processes._agreement import end_agreement, preemption_service_on, start_agreement
+from .._processes._agreement import (
+    ProcessFailedError,
+    end_agreement,
+    preemption_service_on,
+    start_agreement,
+)
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period, elapse
@@ -199,9 +204,14 @@ def loop(
                 if decisions is not None:
                     decisions.finish(loop_state.elapsed.steps)
             except BaseException as error:
+                lost = None
                 if agreement is not None:  # at once, so the others end too
                     agreement.fail(error)
+                    if isinstance(error, Exception) and not isinstance(error, ProcessFailedError):
+                        lost = agreement.lost_process()  # a collective with a dead process?
                 run_end_hooks(end_hooks, loop_state, error)
+                if lost is not None:
+                    raise lost from error
                 raise
             run_end_hooks(end_hooks, loop_state, None)
         # 6. on_end.

@@ -247,6 +247,33 @@ class Agreement:
                 with contextlib.suppress(Exception):  # the key exists, or the service is gone
                     self.client.key_value_set(key, fault)
 
+    def lost_process(self) -> ProcessFailedError | None:
+        """After an error on this process (a collective that failed, say): whether another
+        process is gone, having stopped beating. Waits until each other process shows a
+        sign of life (a heartbeat, about a second) or ``timeout`` passes; returns the error
+        that names the silent process, or ``None``."""
+        others = [p for p in range(self.count) if p != self.process]
+        first = {p: self._heartbeat(p) for p in others}
+        start = time.monotonic()
+        while True:
+            others = [p for p in others if self._heartbeat(p) in (first[p], "")]
+            if not others:
+                return None
+            if time.monotonic() - start > self.timeout:
+                _skip_jax_shutdown_at_exit(1, self)
+                return ProcessFailedError(
+                    f"process {others[0]} gave no sign of life for {self.timeout:g} s (this is "
+                    f"process {self.process}, whose error follows from it): it crashed or was "
+                    f"killed. Its own log says why."
+                )
+            time.sleep(0.1)
+
+    def _heartbeat(self, process: int) -> str:
+        try:
+            return str(self.client.key_value_try_get(f"{self._prefix}alive/{process}"))
+        except Exception:  # not beating yet, or the service is gone
+            return ""
+
     def close(self) -> None:
         """Ends the watchdog; the others see this process as done, not silent."""
         self._closed.set()
