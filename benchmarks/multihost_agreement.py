@@ -55,7 +55,7 @@ def _worker(process: int, port: int, tiny: bool, json_path: str | None) -> None:
 
     ticks = []
 
-    def tick(elapsed):  # a time-based callback: the decision the processes must agree on
+    def tick(state, batch, elapsed):  # a time-based callback: what the processes agree on
         ticks.append(elapsed.steps)
 
     def with_ciclo(every):
