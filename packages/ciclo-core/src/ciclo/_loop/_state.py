@@ -148,9 +148,11 @@ class LoopState:
             in this loop (always ``True`` in other loops): from then on, a monitor missing
             from the logs at an epoch's end was never logged, not just not evaluated yet.
         inputs: the loop's tasks and dataset (:class:`LoopInputs`), for checkpoints.
-        ending: why and where the loop ended (see :func:`run_ending`), set when its steps
-            are over (``None`` before, and after a stop by a signal); a checkpoint saved
-            then records it, so that a resumed finished run stays finished.
+        ending: why and where the loop ended, ``{"reason", "step", "message"}`` (reason:
+            ``"stop"``, ``"data"``, ``"early_stopping"``, ``"nan"`` or ``"callback"``), set
+            when its steps are over (``None`` before, and after a stop by a signal); the
+            checkpoint of the last step records it, so that a resumed finished run stays
+            finished.
         finished: ``True`` when ``resume=`` found the run already finished: the loop
             returns at once with the run's final state, history and elapsed, and writes
             nothing.
