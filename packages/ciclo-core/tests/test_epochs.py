@@ -164,6 +164,29 @@ def test_the_original_ciclo_scenario_ends_and_evaluates_two_steps_each_time():
     assert evaluated == [2, 2, 2, 2]  # each evaluation ran 2 steps of the endless set
 
 
+class Endless:
+    """An endless re-iterable dataset (a ``tf.data`` ``repeat()`` as the original used)."""
+
+    def __iter__(self):
+        return itertools.repeat(BATCHES[2])
+
+
+def test_an_endless_reiterable_test_dataset_with_test_duration_ends():
+    evaluated = []
+    _, history, elapsed = ciclo.train_loop(
+        STATE,
+        Endless(),
+        {**TASKS, ciclo.on_test_end: lambda s, b, elapsed: evaluated.append(elapsed.steps)},
+        test_dataset=Endless(),
+        epoch_duration=3,
+        test_duration=2,
+        stop=12,
+    )
+    assert elapsed.steps == 12
+    assert history.collect("steps", "score_test")[0] == [2, 5, 8, 11]
+    assert evaluated == [2, 2, 2, 2]
+
+
 def test_test_duration_per_set_and_in_samples():
     evaluated = []
     _, history, _ = ciclo.train_loop(
