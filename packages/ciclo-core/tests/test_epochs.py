@@ -3,6 +3,7 @@ before stop, and the Keras habits named at once (issue 27, items 1, 2 and 6)."""
 
 from __future__ import annotations
 
+import io
 import itertools
 
 import jax
@@ -92,6 +93,13 @@ def test_epochs_with_a_known_length_give_the_loop_its_planned_total_as_stop(tmp_
     assert elapsed.steps == 8
     # The run ended by reaching its stop (2 x 4 steps), not by running out of data.
     assert _ending(tmp_path)["reason"] == "stop"
+
+
+def test_a_bar_without_a_total_reads_the_planned_total_of_the_epochs():
+    for data in (BATCHES, lambda: list(BATCHES)):  # a list; a factory of a dataset with len
+        bar = ciclo.keras_bar(file=io.StringIO())
+        run(data, epochs=3, callbacks=[bar])
+        assert bar.total == 12
 
 
 def test_one_epoch_over_a_generator_is_one_pass():

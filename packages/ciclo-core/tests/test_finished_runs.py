@@ -76,7 +76,7 @@ def test_rerunning_a_finished_run_changes_nothing_on_disk(tmp_path, capsys):
 
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "already ended at step 8 (its stop was reached)" in err
+    assert "already ended after 8 steps (its stop was reached)" in err
     assert on_disk(tmp_path) == before  # the directory listing and every file's bytes
     np.testing.assert_array_equal(again, state)
     assert again_elapsed.steps == elapsed.steps
@@ -103,7 +103,7 @@ def test_a_larger_stop_continues_a_loop_whose_stop_was_reached(tmp_path, capsys)
     assert ending(tmp_path) == {"reason": "stop", "step": 4, "message": None}
     _, _, elapsed = ciclo.loop(STATE, data, tasks, stop=4, resume=ckpt)
     assert elapsed.steps == 4
-    assert "already ended at step 4" in capsys.readouterr().err
+    assert "already ended after 4 steps" in capsys.readouterr().err
     state, history, elapsed = ciclo.loop(STATE, data, tasks, stop=10, resume=ckpt)
     assert elapsed.steps == 10
     reference, reference_history, _ = ciclo.loop(STATE, data, {ciclo.every(1): train_step}, stop=10)
@@ -121,7 +121,7 @@ def test_a_run_whose_data_ran_out_stays_finished_until_there_is_more(tmp_path, c
     _, _, elapsed = ciclo.loop(STATE, BATCHES, tasks, stop=10, resume=ckpt)  # no warning
     assert elapsed.steps == 4
     assert on_disk(tmp_path) == before
-    assert "already ended at step 4 (its data ran out)" in capsys.readouterr().err
+    assert "already ended after 4 steps (its data ran out)" in capsys.readouterr().err
     # Without stop too: the same data has no batch left.
     ciclo.loop(STATE, BATCHES, tasks, resume=ckpt)
     assert on_disk(tmp_path) == before
@@ -140,14 +140,15 @@ def test_an_early_stopped_run_continues_only_when_asked(tmp_path, capsys):
     end = ending(tmp_path / "ckpt")
     assert end["reason"] == "early_stopping"
     assert end["step"] == 8
-    assert end["message"].startswith("early_stopping at step 8")
+    assert end["step"] == elapsed.steps  # the count of steps, the final checkpoint's name
+    assert end["message"].startswith("early_stopping at step 7")  # the evaluation's label
     before = on_disk(tmp_path)
     capsys.readouterr()
 
     stopper = ciclo.early_stopping("loss_test", patience=1, verbose=False)
     again, again_history, again_elapsed = train(tmp_path, epochs=6, callbacks=[stopper])
     err = capsys.readouterr().err
-    assert "already ended at step 8 (early stopping ended it)" in err
+    assert "already ended after 8 steps (early stopping ended it)" in err
     assert "To train on, give resume_stopped=True." in err
     assert on_disk(tmp_path) == before
     assert again_elapsed.steps == 8
@@ -177,7 +178,7 @@ def test_a_run_ended_by_the_nan_guard_stays_finished(tmp_path, capsys):
     before = on_disk(tmp_path)
     capsys.readouterr()
     again, _, again_elapsed = ciclo.loop(STATE, BATCHES * 2, tasks, resume=ckpt)
-    assert "already ended at step 3 (the NaN guard" in capsys.readouterr().err
+    assert "already ended after 3 steps (the NaN guard" in capsys.readouterr().err
     assert again_elapsed.steps == 3
     assert np.isnan(again).all()  # the final state, as it ended
     assert np.isnan(state).all()

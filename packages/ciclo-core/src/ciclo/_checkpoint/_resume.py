@@ -196,7 +196,7 @@ def _finished(
     loop_state.ending = ending
     if writes_here(OUTPUT_PROCESS):
         print(
-            f"ciclo: the run in {path} already ended at step {ending['step']} "
+            f"ciclo: the run in {path} already ended after {ending['step']} steps "
             f"({ENDING_WORDS.get(ending['reason'], ending['reason'])}); returning its final "
             f"state without training. To train on, give {fix}.",
             file=sys.stderr,
