@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         callbacks=[summary, checkpoint],
         test_dataset=eval_specs,
         epoch_duration=args.inner_steps,
-        test_duration={"test": 2 * args.inner_steps},  # "valid": every inner loop
+        test_every={"test": 2 * args.inner_steps},  # "valid": every inner loop
         stop=args.steps,
     )
 

@@ -191,3 +191,20 @@ class TestAdapterGuideConformance(ciclo.testing.AdapterConformance):
 
 def test_the_adapter_guide_skips_no_check():
     assert _guide_suite().skip == {}
+
+
+def test_the_keras_fit_example_trains_with_epochs(tmp_path):
+    """docs/from-keras.md's ``fit(x, y, epochs=5, validation_data=...)`` runs as
+    ``train_loop(..., epochs=5, test_dataset=[(x_val, y_val)])``: 5 passes over 8 batches,
+    evaluated after each."""
+    page = ROOT / "docs" / "from-keras.md"
+    keras, ciclo_fit = [b for b in BLOCKS[page] if "fit(" in b.code or "train_loop(" in b.code][:2]
+    assert keras.skip is not None
+    assert "epochs=5" in keras.code
+    assert "validation_data=(x_val, y_val)" in keras.code
+    assert ciclo_fit.skip is None
+    assert "epochs=5" in ciclo_fit.code
+    assert "epoch_duration" not in ciclo_fit.code
+    module = run_page(page, tmp_path)
+    assert module.elapsed.steps == 40
+    assert module.history.collect("steps", "loss_test")[0] == [7, 15, 23, 31, 39]

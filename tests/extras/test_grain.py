@@ -60,3 +60,56 @@ def test_stateful_dataset_needs_an_iterator_with_state():
         ciclo.stateful_dataset(3)
     with pytest.raises(TypeError, match=r"has no get_state\(\)/set_state\(\)"):
         next(ciclo.stateful_dataset([1, 2]))
+
+
+def test_epochs_over_a_grain_map_dataset_are_passes_resumed_by_index(tmp_path):
+    """train_loop(epochs=N) over a Grain MapDataset: N passes, evaluated at each end, and a
+    run killed mid-epoch resumes by index (issue 27)."""
+    import grain
+    import jax
+
+    batches = [np.full((2, 1), float(i), np.float32) for i in range(4)]
+    dataset = grain.MapDataset.source(batches)
+
+    @jax.jit
+    def train_step(state, batch):
+        return ciclo.logs().add_loss("loss", state.sum()), state * 0.5 + batch.mean()
+
+    def eval_step(state, batch):
+        return ciclo.logs().add_metric("score", state.sum())
+
+    def run(data, stop_at=None, resume=None):
+        def crash(state, batch, elapsed):
+            if elapsed.steps == stop_at:
+                raise RuntimeError("killed")
+
+        tasks = {ciclo.on_train_step: [train_step, crash], ciclo.on_test_step: eval_step}
+        ckpt = ciclo.checkpoint(tmp_path / "ckpt", async_save=False, save_on_end=False)
+        return ciclo.train_loop(
+            np.zeros(1, np.float32),
+            data,
+            {**tasks, ciclo.every(3): ckpt},
+            test_dataset=lambda: batches[:1],
+            epochs=3,
+            resume=resume and ckpt,
+        )
+
+    state, history, elapsed = ciclo.train_loop(
+        np.zeros(1, np.float32),
+        dataset,
+        {ciclo.on_train_step: train_step, ciclo.on_test_step: eval_step},
+        test_dataset=lambda: batches[:1],
+        epochs=3,
+    )
+    expected = np.zeros(1, np.float32)
+    for batch in batches * 3:
+        expected = expected * 0.5 + batch.mean()
+    np.testing.assert_allclose(state, expected)
+    assert elapsed.steps == 12
+    assert history.collect("steps", "score_test")[0] == [3, 7, 11]
+
+    with pytest.raises(RuntimeError, match="killed"):
+        run(dataset, stop_at=8)  # after the checkpoint of step 7, mid-epoch 2
+    resumed, resumed_history, _ = run(dataset, resume=True)
+    np.testing.assert_array_equal(resumed, state)
+    assert resumed_history.collect("loss") == history.collect("loss")

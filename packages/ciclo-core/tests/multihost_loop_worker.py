@@ -148,7 +148,7 @@ def main(scenario: str, process: int, port: int, out_dir: str, options: dict) ->
     elif scenario == "outputs":
         tasks.update(ciclo.keras_bar(STEPS, file=sys.stdout, plain_interval=0.0))
         tasks[ciclo.every(1)] = [ciclo.csv_logger(out / "log.csv"), ciclo.tensorboard_logger(out)]
-    elif scenario == "test_duration":
+    elif scenario == "test_every":
         test = [(x[mine], y[mine]) for x, y in zip(xs[:2], ys[:2], strict=True)]
 
         def test_step(state, batch):
@@ -167,7 +167,7 @@ def main(scenario: str, process: int, port: int, out_dir: str, options: dict) ->
                 ciclo.on_train_end: finish,
             },
             test_dataset=lambda: test,
-            test_duration=ciclo.at(time=0.05),
+            test_every=ciclo.at(time=0.05),
         )
         return
     ciclo.loop(state, batches, tasks, **kwargs)

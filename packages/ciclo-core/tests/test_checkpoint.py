@@ -78,7 +78,8 @@ def test_resume_after_the_run_finished_does_nothing_more(tmp_path: Path) -> None
     ciclo.loop(0, range(4), tasks)
     calls = []
     state, _, elapsed = ciclo.loop(0, range(4), tasks, resume=tmp_path, on_end=calls.append)
-    assert (state, elapsed.steps, len(calls)) == (4, 4, 1)
+    # A finished run returns at once: no step, and no on_end either (issue 27).
+    assert (state, elapsed.steps, len(calls)) == (4, 4, 0)
 
 
 def test_on_start_logs_are_not_recorded_twice(tmp_path: Path) -> None:

@@ -158,8 +158,11 @@ def test_resume_after_a_nan_stop_starts_from_the_newest_finite_checkpoint(tmp_pa
         return ciclo.logs().add_loss("loss", state["w"].sum()), {"w": state["w"] + 1.0}
 
     tasks = {ciclo.every(1): step, ciclo.every(2): ciclo.checkpoint(tmp_path, keep=2)}
+    # A run the NaN guard ended stays finished unless resume_stopped=True (issue 27).
     with pytest.warns(RuntimeWarning, match="non-finite"):
-        state, _, elapsed = ciclo.loop({"w": jnp.zeros(2)}, list(range(10)), tasks, resume=tmp_path)
+        state, _, elapsed = ciclo.loop(
+            {"w": jnp.zeros(2)}, list(range(10)), tasks, resume=tmp_path, resume_stopped=True
+        )
     assert elapsed.steps == 10
     np.testing.assert_array_equal(state["w"], [10.0, 10.0])
     assert any(p.name.endswith(".nonfinite") for p in tmp_path.iterdir())  # set aside

@@ -44,10 +44,12 @@ def test_a_checkpoint_holds_the_documented_items_and_meta_fields(tmp_path: Path)
         "callbacks",
         "history",
         "logs",
+        "end",
     ]
     assert meta["format"] == 1
     assert meta["elapsed"]["steps"] == 3
     assert meta["data"] == {"position": 3, "state": None}
+    assert meta["end"] == {"reason": "data", "step": 3, "message": None}  # the run's end
     assert meta["state_leaves"] == [["['w']", "jax", [2], "float32", True]]
     assert meta["callbacks"][0]["name"] == "EarlyStopping"
     best = meta["callbacks"][0]["state"]["best_weights"]

@@ -13,7 +13,7 @@ import ciclo
 from ciclo._records import _host
 
 
-def run(values, stop=None, epoch_duration=1, test_duration=None, **options):
+def run(values, stop=None, epoch_duration=1, test_every=None, **options):
     """Trains an int counter; evaluation k reports ``values[k]`` as ``loss_test``."""
     remaining = list(values)
     out = io.StringIO()
@@ -28,7 +28,7 @@ def run(values, stop=None, epoch_duration=1, test_duration=None, **options):
         callbacks=[stopper],
         test_dataset=lambda: [np.zeros(1)],
         epoch_duration=epoch_duration,
-        test_duration=test_duration,
+        test_every=test_every,
     )
     return state, elapsed, stopper, out.getvalue()
 
@@ -124,7 +124,7 @@ def test_patience_as_a_period():
 
 
 def test_checks_without_a_new_value_are_skipped():
-    _, elapsed, stopper, _ = run([1.0, 2.0, 3.0], patience=2, stop=6, test_duration=2)
+    _, elapsed, stopper, _ = run([1.0, 2.0, 3.0], patience=2, stop=6, test_every=2)
     assert stopper.stopped_step == 5  # the 2nd evaluation without improvement, not 2nd epoch
     assert stopper.checks == 3
     assert elapsed.steps == 6  # epochs end at 1..6, evaluations at 2,4,6

@@ -119,9 +119,9 @@ def test_collecting_an_evaluation_that_never_ran_says_why():
     ):
         history.collect("score_test")
     _, history, _ = evaluate(
-        test_dataset={"valid": lambda: [np.ones((2, 3))]}, test_duration={"valid": 100}
+        test_dataset={"valid": lambda: [np.ones((2, 3))]}, test_every={"valid": 100}
     )
-    with pytest.raises(KeyError, match=r"'valid' ran.*each 100 steps.*\(test_duration\)"):
+    with pytest.raises(KeyError, match=r"'valid' ran.*each 100 steps.*\(test_every\)"):
         history.collect("steps", "score_valid")
     # A typo of a metric that did run gets no such hint.
     _, history, _ = evaluate(epoch_duration=3)

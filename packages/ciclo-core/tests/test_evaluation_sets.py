@@ -64,22 +64,22 @@ def test_re_iterable_datasets_are_evaluated_anew_like_factories():
     assert single.collect("score_test") == expected.collect("score_test")
 
 
-def test_each_set_can_have_its_own_duration():
+def test_each_set_can_be_evaluated_on_its_own_period():
     _, history, _ = ciclo.train_loop(
         1.0,
         [np.ones((2, 1))] * 8,
         STEPS,
         test_dataset=SETS,
         epoch_duration=4,
-        test_duration={"valid": 2},
+        test_every={"valid": 2},
     )
     assert history.collect("steps", "score_valid")[0] == [1, 3, 5, 7]
     assert history.collect("steps", "score_test")[0] == [3, 7]  # at epoch ends
 
 
-def test_one_duration_applies_to_every_set_and_no_epoch_evaluates_at_the_end():
+def test_one_period_applies_to_every_set_and_no_epoch_evaluates_at_the_end():
     _, history, _ = ciclo.train_loop(
-        1.0, [np.ones((2, 1))] * 4, STEPS, test_dataset=SETS, test_duration=2
+        1.0, [np.ones((2, 1))] * 4, STEPS, test_dataset=SETS, test_every=2
     )
     assert history.collect("steps", "score_valid")[0] == [1, 3]
     assert history.collect("steps", "score_test")[0] == [1, 3]
@@ -115,9 +115,9 @@ def test_test_callbacks_run_for_every_set_and_epoch_end_sees_both():
             r"test_dataset\['valid'\] is an iterator \(list_iterator\).*zero-argument function",
         ),
         (
-            {"test_dataset": SETS, "test_duration": {"tets": 2}},
+            {"test_dataset": SETS, "test_every": {"tets": 2}},
             ValueError,
-            r"test_duration names \['tets'\].*evaluation sets are \['valid', 'test'\]",
+            r"test_every names \['tets'\].*evaluation sets are \['valid', 'test'\]",
         ),
         (
             {"test_dataset": SETS, "test_name": "eval"},
@@ -126,9 +126,9 @@ def test_test_callbacks_run_for_every_set_and_epoch_end_sees_both():
         ),
         ({"test_dataset": {}}, ValueError, r"test_dataset is an empty dict"),
         (
-            {"test_dataset": SETS, "test_duration": {"valid": 0}},
+            {"test_dataset": SETS, "test_every": {"valid": 0}},
             ValueError,
-            r"test_duration for 'valid' must be a positive amount",
+            r"test_every for 'valid' must be a positive amount",
         ),
     ],
 )

@@ -201,7 +201,7 @@ def test_without_epoch_duration_the_run_is_one_epoch():
     assert history.collect("steps", "one_test") == ([3], [1.0])
 
 
-def test_test_duration_evaluates_on_its_own_period():
+def test_test_every_evaluates_on_its_own_period():
     tasks = {
         ciclo.on_train_step: lambda: None,
         ciclo.on_test_step: lambda state, batch, elapsed, loop_state: ciclo.logs().add_metric(
@@ -214,7 +214,7 @@ def test_test_duration_evaluates_on_its_own_period():
         tasks,
         test_dataset=lambda: [np.zeros(1)],
         epoch_duration=6,
-        test_duration=3,
+        test_every=3,
         test_name="valid",
     )
     assert history.collect("steps", "x_valid")[0] == [2, 5, 8]

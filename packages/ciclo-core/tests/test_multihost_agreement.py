@@ -54,8 +54,8 @@ def test_a_time_schedule_fires_at_the_same_steps_on_both_processes(tmp_path, agr
     assert first["samples"] == second["samples"] == 40 * 8  # both halves of every batch
 
 
-def test_test_duration_in_time_evaluates_at_the_same_steps(tmp_path):
-    codes, outputs, _ = run_pair("test_duration", tmp_path)
+def test_test_every_in_time_evaluates_at_the_same_steps(tmp_path):
+    codes, outputs, _ = run_pair("test_every", tmp_path)
     check_ok(codes, outputs)
     first, second = results(tmp_path)
     assert len(first["eval_steps"]) >= 2

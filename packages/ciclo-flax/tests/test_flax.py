@@ -333,3 +333,34 @@ def test_throughput_reads_the_flops_of_an_nnx_states_bound_and_unbound_train_ste
         flops.append(logged)
     assert flops[0] > 0
     assert flops[0] == pytest.approx(flops[1])
+
+
+def test_the_original_create_flax_state_scenario_ends_and_evaluates_two_steps_each_time():
+    """The original ciclo's ``test_create_flax_state``: an endless dataset, evaluated on an
+    endless test set for ``test_duration=2`` steps at each epoch's end, stops at 12."""
+    import itertools
+
+    class Linear(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(2)(x)
+
+    def endless():
+        return itertools.repeat((X[:4], Y[:4]))
+
+    state = ciclo.create_flax_state(
+        Linear(), X[:1], optax.adam(1e-2), losses={"loss": CE}, metrics={"accuracy": accuracy}
+    )
+    evaluated = []
+    state, history, elapsed = ciclo.train_loop(
+        state,
+        endless(),
+        {ciclo.on_test_end: lambda state, batch, elapsed: evaluated.append(elapsed.steps)},
+        test_dataset=endless,
+        epoch_duration=3,
+        test_duration=2,
+        stop=12,
+    )
+    assert elapsed.steps == 12
+    assert history.collect("steps", "loss_test")[0] == [2, 5, 8, 11]
+    assert evaluated == [2, 2, 2, 2]

@@ -209,6 +209,9 @@ class Checkpoint(LoopCallbackBase):
             finally:
                 self._unlock()
             return
+        if loop_state.finished:  # a finished run, resumed: nothing to save
+            self._unlock()
+            return
         stopped = loop_state.stop_reason is not None
         final = stopped or self.save_on_end
         try:
@@ -221,6 +224,15 @@ class Checkpoint(LoopCallbackBase):
                 earlier = failure
             if final and self._save(loop_state, monitored=False):
                 self._end_step = self._last_step
+            elif (
+                loop_state.ending is not None
+                and self._last_step == loop_state.elapsed.steps
+                and writes_here(OUTPUT_PROCESS)
+            ):
+                # This step was saved already (an epoch's end that ended the run): it
+                # records the ending too, so that the finished run stays finished.
+                self.wait()
+                _format.record_ending(self.directory, loop_state.elapsed.steps, loop_state.ending)
             self._ended = loop_state
             self.wait()
             if earlier is not None:  # the final state is saved: the failure lost nothing

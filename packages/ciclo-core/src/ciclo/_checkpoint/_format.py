@@ -43,6 +43,10 @@ field                what it holds
                      callback with ``state_dict`` / ``load_state_dict``, in task order.
 ``history``          ``History.state_dict()``.
 ``logs``             the loop's latest logs, ``{collection: {name: value}}``.
+``end``              why and where the run ended, ``{"reason", "step", "message"}`` (see
+                     ``LoopState.ending``), in the checkpoint saved when it ended; ``None``
+                     in the others. Optional: checkpoints written before it (ciclo 0.1)
+                     have no ``end`` and resume as runs that have not ended.
 ===================  ===========================================================================
 
 Every checkpoint has orbax metrics ``{"finite": bool}``: a checkpoint of a non-finite state
@@ -102,6 +106,8 @@ __all__ = [
     "abandon_writes",
     "read_newest",
     "steps_on_disk",
+    "read_ending",
+    "record_ending",
     "passed_over",
     "set_aside",
     "all_finite",
@@ -740,6 +746,7 @@ def _items(loop_state: LoopState, *, host_copy: bool) -> dict[str, Any]:
         ],
         "history": _split(loop_state.history.state_dict(), arrays, "the history"),
         "logs": _split(live["logs"], arrays, "the latest logs"),
+        "end": copy.deepcopy(loop_state.ending),
     }
     saved_copies = {}
     for name, tree in copies.items():
@@ -920,6 +927,40 @@ def _damaged(path: str, step: int, file: str, error: BaseException, steps: list[
         step=step,
         file=file,
     )
+
+
+def read_ending(manager: Any, step: int) -> dict[str, Any] | None:
+    """The ``end`` field of checkpoint ``step``: why and where its run ended, or ``None``
+    (a run that had not ended, a checkpoint without the field, or one whose metadata
+    cannot be read: :func:`read` then names the damage)."""
+    import orbax.checkpoint as ocp
+
+    try:
+        meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        ending = meta["meta"].get("end")
+    except Exception:
+        return None
+    return ending if isinstance(ending, dict) and "reason" in ending else None
+
+
+def record_ending(path: str, step: int, ending: dict[str, Any]) -> None:
+    """Writes ``ending`` into the ``end`` field of checkpoint ``step``, already written at
+    the step where its run then ended (an epoch's end that was the run's last step): the
+    rest of a checkpoint taken at that step is what it holds. Only the ``meta`` item's JSON
+    file changes, replaced whole (atomically on a local disk)."""
+    from etils import epath  # type: ignore[import-untyped]
+
+    meta_file = epath.Path(path) / str(step) / "meta" / "metadata"
+    meta = json.loads(meta_file.read_text())
+    meta["end"] = copy.deepcopy(ending)
+    text = json.dumps(meta)
+    if "://" in path:
+        meta_file.write_text(text)
+        return
+    partial = f"{os.fspath(meta_file)}.ciclo-partial"
+    with open(partial, "w") as f:
+        f.write(text)
+    os.replace(partial, os.fspath(meta_file))
 
 
 def read(manager: Any, path: str, step: int, target: Any, *, copies: bool = True) -> Contents:

@@ -16,16 +16,26 @@ allows:
 3. Otherwise the dataset is iterated again and the consumed batches are drawn and
    dropped (replay); this needs a dataset that yields the same batches when re-created
    (seeded shuffling).
+
+A run whose newest checkpoint records that it ended (its stop reached, its data run out,
+a callback's stop: the ``end`` field, see :mod:`._format`) stays finished: the loop gets
+its final state, history and elapsed and runs nothing (``loop_state.finished``), unless
+it asks for more: a ``stop`` not yet reached with data left past the consumed batches,
+or, for a run a callback stopped, ``resume_stopped=True``.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from .._loop._state import LoopState
+from .._loop._state import ENDING_WORDS, STOPPED_ENDINGS, LoopState
+from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records._logs import Logs
+from .._time._elapsed import Period, as_period
 from . import _format
 from ._in_place import restore_in_place
 
@@ -102,21 +112,57 @@ def skip_consumed(dataset: Any, position: int, state: Any) -> Iterable[Any]:
     return iterator
 
 
-def resume(directory: str | os.PathLike[str], loop_state: LoopState) -> Iterable[Any]:
+def resume(
+    directory: str | os.PathLike[str],
+    loop_state: LoopState,
+    *,
+    stop: int | Period | None = None,
+    resume_stopped: bool = False,
+) -> Iterable[Any]:
     """Puts the newest intact checkpoint of a finite state in ``directory`` into
     ``loop_state`` (damaged and non-finite ones are passed over with a warning, see
     :func:`._format.read_newest`); returns what the loop should iterate (the dataset past
     the consumed batches). With no checkpoint there, leaves ``loop_state`` as it is and
-    returns its dataset."""
+    returns its dataset. When the run had ended and this loop asks for nothing more (see
+    the module docstring), puts its final checkpoint into ``loop_state``, sets
+    ``loop_state.finished``, says so in one line and returns no batch."""
     path = _format.checkpoint_path(directory)
     manager = _format.open_reader(path, must_exist=False)
     if manager is None:
         dataset: Iterable[Any] = loop_state.inputs.dataset
         return dataset
     try:
+        newest = max(manager.all_steps())
+        ending = _format.read_ending(manager, newest)
+        if ending is not None and ending["reason"] in STOPPED_ENDINGS and not resume_stopped:
+            try:
+                return _finished(manager, path, newest, ending, loop_state, "resume_stopped=True")
+            except _format.DamagedCheckpoint:  # read_newest below passes it over, and says so
+                ending = None
         contents = _format.read_newest(manager, path, loop_state.state)
     finally:
         manager.close()
+    source = _load(contents, path, loop_state)
+    if ending is None or ending["reason"] in STOPPED_ENDINGS or contents.step != newest:
+        return source
+    period = as_period(stop, "stop")
+    if period is not None and period.reached_by(contents.elapsed):
+        return _finished(None, path, newest, ending, loop_state, "a larger stop", contents)
+    if _format.is_stateful_dataset(loop_state.inputs.dataset):
+        if period is None:  # its own position says nothing of what is left: finished
+            return _finished(None, path, newest, ending, loop_state, "a stop", contents)
+        return source
+    batches = iter(source)
+    try:
+        first = next(batches)
+    except StopIteration:  # no batch past those consumed
+        return _finished(None, path, newest, ending, loop_state, "more data", contents)
+    return itertools.chain([first], batches)
+
+
+def _load(contents: _format.Contents, path: str, loop_state: LoopState) -> Iterable[Any]:
+    """Puts ``contents`` into ``loop_state``; returns the dataset past the consumed
+    batches."""
     where = f"checkpoint {contents.step} in {path!r}"
     load_tasks(loop_state.inputs.tasks, contents, where)
     loop_state.state = restore_in_place(loop_state.state, contents.state)
@@ -126,3 +172,34 @@ def resume(directory: str | os.PathLike[str], loop_state: LoopState) -> Iterable
     loop_state.accumulated_logs = Logs(contents.logs)
     loop_state.resumed = True
     return skip_consumed(loop_state.inputs.dataset, contents.data_position, contents.data_state)
+
+
+def _finished(
+    manager: Any,
+    path: str,
+    step: int,
+    ending: dict[str, Any],
+    loop_state: LoopState,
+    fix: str,
+    contents: _format.Contents | None = None,
+) -> Iterable[Any]:
+    """Puts the final checkpoint of a finished run into ``loop_state`` (read with
+    ``manager`` unless ``contents`` holds it), marks the loop finished and says so."""
+    if contents is None:  # the final checkpoint itself, even of a non-finite state
+        contents = _format.read(manager, path, step, loop_state.state, copies=False)
+    loop_state.state = restore_in_place(loop_state.state, contents.state)
+    loop_state.elapsed = contents.elapsed
+    loop_state.initial_elapsed = contents.initial_elapsed
+    loop_state.history.load_state_dict(contents.history)
+    loop_state.accumulated_logs = Logs(contents.logs)
+    loop_state.resumed = loop_state.finished = True
+    loop_state.ending = ending
+    if writes_here(OUTPUT_PROCESS):
+        print(
+            f"ciclo: the run in {path} already ended after {ending['step']} steps "
+            f"({ENDING_WORDS.get(ending['reason'], ending['reason'])}); returning its final "
+            f"state without training. To train on, give {fix}.",
+            file=sys.stderr,
+            flush=True,
+        )
+    return ()

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .._records._history import History
 from .._records._logs import Logs
-from .._time._elapsed import Elapsed, default_batch_size
+from .._time._elapsed import Elapsed, Period, as_period, default_batch_size
 from ._naming import callback_name
 
-__all__ = ["LoopState", "LoopInputs", "StopArbiter"]
+__all__ = [
+    "DATA_ENDED",
+    "ENDING_WORDS",
+    "LoopInputs",
+    "LoopState",
+    "STOPPED_ENDINGS",
+    "StopArbiter",
+    "record_ending",
+    "run_ending",
+]
 
 
 @dataclasses.dataclass
@@ -41,6 +51,78 @@ class StopArbiter(Protocol):
     def elapsed_after(self, elapsed: Elapsed, batch_size: int) -> Elapsed: ...
 
 
+#: The endings of a run that a callback stopped (``early_stopping``, ``terminate_on_nan``,
+#: any other callback setting ``stop_iteration``): a resumed run stays finished unless
+#: ``resume_stopped=True``.
+STOPPED_ENDINGS = ("early_stopping", "nan", "callback")
+#: What a run's ending says in messages.
+ENDING_WORDS = {
+    "stop": "its stop was reached",
+    "data": "its data ran out",
+    "early_stopping": "early stopping ended it",
+    "nan": "the NaN guard (terminate_on_nan) ended it",
+    "callback": "a callback stopped it",
+}
+
+
+def run_ending(loop_state: LoopState, stop_reached: bool) -> dict[str, Any] | None:
+    """Why and where a loop that went through its steps ended: ``{"reason", "step",
+    "message"}``, where ``reason`` is ``"stop"`` (its ``stop`` was reached), ``"data"``
+    (its dataset ran out first), ``"early_stopping"``, ``"nan"`` (``terminate_on_nan``)
+    or ``"callback"`` (another callback stopped it); ``None`` for a loop stopped by a
+    signal (a preemption or Ctrl-C: the run is interrupted, not finished).
+
+    Example:
+        >>> import ciclo
+        >>> loop_state = ciclo.LoopState(None, ciclo.history(), ciclo.Elapsed.create(steps=7))
+        >>> run_ending(loop_state, stop_reached=True)["reason"]
+        'stop'
+        >>> loop_state.stop_iteration, loop_state.stop_reason = True, "stopped by SIGTERM"
+        >>> run_ending(loop_state, stop_reached=False) is None
+        True
+    """
+    why = loop_state.stop_reason or ""
+    if loop_state.stop_iteration:
+        if why.startswith("stopped by"):
+            return None
+        if why.startswith("early_stopping"):
+            reason = "early_stopping"
+        elif why.startswith("terminate_on_nan"):
+            reason = "nan"
+        else:
+            reason = "callback"
+    else:
+        reason = "stop" if stop_reached else "data"
+    return {"reason": reason, "step": loop_state.elapsed.steps, "message": why or None}
+
+
+#: How the warning of a dataset that ended before ``stop`` begins.
+DATA_ENDED = "ciclo: the dataset ended"
+
+
+def record_ending(loop_state: LoopState, stop: int | Period | None) -> None:
+    """Sets ``loop_state.ending`` when a loop's steps are over (``stop``: the loop's); warns
+    once when a finite dataset ran out before ``stop`` was reached, naming both counts."""
+    period = as_period(stop, "stop")
+    reached = period is not None and period.reached_by(loop_state.elapsed)
+    loop_state.ending = run_ending(loop_state, reached)
+    ending = loop_state.ending
+    if period is not None and ending is not None and ending["reason"] == "data":
+        drawn = loop_state.elapsed.steps - loop_state.initial_elapsed.steps
+        shown = (
+            stop
+            if isinstance(stop, int)
+            else "ciclo.at({})".format(", ".join(f"{k}={v:g}" for k, v in period.fields().items()))
+        )
+        warnings.warn(
+            f"{DATA_ENDED} after {drawn} batches (step {loop_state.elapsed.steps}), before "
+            f"stop={shown} was reached: the run ends here. Give more data (more epochs, a "
+            f"repeated dataset) or a smaller stop.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
 class LoopState:
     """What a loop knows at the current step; handed to callbacks that take 4 arguments
     and to objects implementing ``__loop_callback__``.
@@ -66,6 +148,14 @@ class LoopState:
             in this loop (always ``True`` in other loops): from then on, a monitor missing
             from the logs at an epoch's end was never logged, not just not evaluated yet.
         inputs: the loop's tasks and dataset (:class:`LoopInputs`), for checkpoints.
+        ending: why and where the loop ended, ``{"reason", "step", "message"}`` (reason:
+            ``"stop"``, ``"data"``, ``"early_stopping"``, ``"nan"`` or ``"callback"``), set
+            when its steps are over (``None`` before, and after a stop by a signal); the
+            checkpoint of the last step records it, so that a resumed finished run stays
+            finished.
+        finished: ``True`` when ``resume=`` found the run already finished: the loop
+            returns at once with the run's final state, history and elapsed, and writes
+            nothing.
     """
 
     __slots__ = (
@@ -78,7 +168,9 @@ class LoopState:
         "batch",
         "batch_size_fn",
         "elapsed",
+        "ending",
         "evaluated",
+        "finished",
         "history",
         "initial_elapsed",
         "inputs",
@@ -109,6 +201,8 @@ class LoopState:
         self.initial_elapsed = elapsed
         self.resumed = False
         self.evaluated = True
+        self.ending: dict[str, Any] | None = None
+        self.finished = False
         self._stop = False
         self._reason: str | None = None
         self._arbiter: StopArbiter | None = None

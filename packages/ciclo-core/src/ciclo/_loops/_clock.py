@@ -9,6 +9,7 @@ from typing import Any
 from .._loop._state import LoopState
 from .._time._elapsed import Elapsed
 from .._time._schedules import Schedule, every
+from ._epochs import PassEnds
 from ._registry import Hook
 
 __all__ = ["EpochClock"]
@@ -35,8 +36,9 @@ class EpochClock:
     it, so the order in which they are asked does not matter.
 
     Args:
-        epoch: the epoch's ``(unit, amount)`` (see ``_time._periods.period_unit``), or ``None`` when
-            the whole run is one epoch.
+        epoch: the epoch's ``(unit, amount)`` (see ``_time._periods.period_unit``), a
+            :class:`~._epochs.PassEnds` (``epochs=`` over data of unknown length: an epoch
+            ends with a pass), or ``None`` when the whole run is one epoch.
         tests: ``{name: (unit, amount) or None}``, each evaluation set's own period.
 
     Example:
@@ -54,10 +56,12 @@ class EpochClock:
     """
 
     def __init__(
-        self, epoch: tuple[str, float] | None, tests: Mapping[str, tuple[str, float] | None]
+        self,
+        epoch: tuple[str, float] | PassEnds | None,
+        tests: Mapping[str, tuple[str, float] | None],
     ) -> None:
         self.epoch = epoch
-        self._epoch_schedule = _every(epoch)
+        self._epoch_schedule = epoch if isinstance(epoch, PassEnds) else _every(epoch)
         self._test_schedules = {name: _every(test) for name, test in tests.items()}
         self.first = True  # no step decided yet in this run
         self.begun = self.ended = False  # the decided step begins / ends an epoch
@@ -92,6 +96,8 @@ class EpochClock:
         if self.first:
             if self.epoch is None:
                 self.begun = True
+            elif isinstance(self.epoch, PassEnds):
+                self.begun = self.epoch.begins()
             else:
                 unit, amount = self.epoch
                 self.begun = getattr(elapsed, unit) % amount == 0

@@ -1,33 +1,59 @@
 """The evaluation sets of ``train_loop``: ``test_dataset`` (one factory or re-iterable
-dataset, or a dict of them) and ``test_duration`` (one period, or one per set) parsed into
-one entry per set."""
+dataset, or a dict of them), ``test_every`` (how often each set is evaluated) and
+``test_duration`` (how long each evaluation runs), parsed into one entry per set."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
+from .._time._elapsed import Period, as_period
 from .._time._periods import period_unit
 
-__all__ = ["EvaluationSet", "dataset_factory", "dataset_label", "evaluation_sets"]
+__all__ = [
+    "EvaluationSet",
+    "check_not_arrays",
+    "dataset_factory",
+    "dataset_label",
+    "evaluation_sets",
+]
 
-#: ``(factory, (unit, amount) or None)``: a set's dataset factory and its own period.
-EvaluationSet = tuple[Callable[[], Iterable[Any]], tuple[str, float] | None]
+
+class EvaluationSet(NamedTuple):
+    """One evaluation set of ``train_loop``."""
+
+    factory: Callable[[], Iterable[Any]]  #: returns a fresh dataset at each evaluation
+    every: tuple[str, float] | None  #: ``(unit, amount)`` of its own period; ``None``: epochs
+    duration: Period | None  #: how much of the set an evaluation runs; ``None``: all of it
+
+
+def _per_set(value: Any, names: list[str], keyword: str) -> dict[str, Any]:
+    """``value`` (one for every set, or a dict ``{name: value}``) as one value per set."""
+    if not isinstance(value, Mapping):
+        return dict.fromkeys(names, value)
+    unknown = [name for name in value if name not in names]
+    if unknown:
+        raise ValueError(
+            f"{keyword} names {unknown}, which test_dataset does not have; its "
+            f"evaluation sets are {names}."
+        )
+    return {name: value.get(name) for name in names}
 
 
 def evaluation_sets(
-    test_dataset: Any, test_duration: Any, test_name: str
+    test_dataset: Any, test_every: Any, test_duration: Any, test_name: str
 ) -> dict[str, EvaluationSet]:
-    """``{name: (factory, (unit, amount) or None)}`` from train_loop's arguments.
+    """``{name: EvaluationSet}`` from train_loop's arguments.
 
     Example:
-        >>> sets = evaluation_sets({"valid": list, "test": list}, {"valid": 100}, "test")
-        >>> {name: period for name, (_, period) in sets.items()}
-        {'valid': ('steps', 100), 'test': None}
+        >>> sets = evaluation_sets({"valid": list, "test": list}, {"valid": 100}, 2, "test")
+        >>> {name: (every, duration.steps) for name, (_, every, duration) in sets.items()}
+        {'valid': (('steps', 100), 2), 'test': (None, 2)}
     """
     if test_dataset is None:
-        if test_duration is not None:
-            raise ValueError("test_duration needs a test_dataset (a function returning one).")
+        for keyword, value in (("test_every", test_every), ("test_duration", test_duration)):
+            if value is not None:
+                raise ValueError(f"{keyword} needs a test_dataset (a function returning one).")
         return {}
     if isinstance(test_dataset, Mapping):
         factories = dict(test_dataset)
@@ -47,27 +73,67 @@ def evaluation_sets(
         if not isinstance(name, str) or not name:
             raise TypeError(f"test_dataset names must be non-empty strings, got {name!r}.")
         where = dataset_label(test_dataset, name)
+        check_not_arrays(factory, where)
         factories[name] = dataset_factory(factory, where, "at each evaluation")
     _check_late_binding(factories)
-    if isinstance(test_duration, Mapping):
-        unknown = [name for name in test_duration if name not in factories]
-        if unknown:
-            raise ValueError(
-                f"test_duration names {unknown}, which test_dataset does not have; its "
-                f"evaluation sets are {list(factories)}."
-            )
-        durations = dict(test_duration)
-    else:
-        durations = dict.fromkeys(factories, test_duration)
+    names = list(factories)
+    every = _per_set(test_every, names, "test_every")
+    duration = _per_set(test_duration, names, "test_duration")
     return {
-        name: (
+        name: EvaluationSet(
             factory,
-            None
-            if durations.get(name) is None
-            else period_unit(durations[name], f"test_duration for {name!r}"),
+            None if every[name] is None else period_unit(every[name], f"test_every for {name!r}"),
+            _duration(duration[name], name),
         )
         for name, factory in factories.items()
     }
+
+
+def _duration(value: Any, name: str) -> Period | None:
+    """``test_duration`` of one set as a period (checked like ``test_every``)."""
+    if value is None:
+        return None
+    period_unit(value, f"test_duration for {name!r}")  # a positive amount in one unit
+    return as_period(value, f"test_duration for {name!r}")
+
+
+#: A Keras-style ``validation_data=(x_val, y_val)`` given as ``test_dataset``.
+_ARRAYS_NOT_BATCHES = (
+    "{where} is a tuple of {count} arrays with the same leading dimension ({length}), as "
+    "Keras' validation_data=(x_val, y_val) is; ciclo iterates a dataset batch by batch, so "
+    "it would evaluate each array as one batch. Give a list of batches, e.g. "
+    "{where}=[(x_val[i : i + 64], y_val[i : i + 64]) for i in range(0, len(x_val), 64)], "
+    "or a function returning them."
+)
+
+
+def check_not_arrays(value: Any, where: str) -> None:
+    """Refuses a tuple of arrays with equal leading dimensions (Keras' ``(x, y)``) given
+    where a dataset of batches is expected.
+
+    Example:
+        >>> import numpy as np
+        >>> check_not_arrays([(np.ones((4, 2)), np.ones(4))], "test_dataset")
+        >>> check_not_arrays((np.ones((4, 2)), np.ones(4)), "test_dataset")
+        Traceback (most recent call last):
+        ...
+        TypeError: test_dataset is a tuple of 2 arrays with the same leading dimension (4), ...
+    """
+    if not isinstance(value, tuple) or len(value) < 2:
+        return
+    lengths = {_leading(item) for item in value}
+    if len(lengths) == 1 and None not in lengths:
+        raise TypeError(
+            _ARRAYS_NOT_BATCHES.format(where=where, count=len(value), length=lengths.pop())
+        )
+
+
+def _leading(value: Any) -> int | None:
+    """The leading dimension of an array (anything with a ``shape`` of rank 1 or more)."""
+    shape = getattr(value, "shape", None)
+    if not isinstance(shape, tuple) or not shape or not hasattr(value, "dtype"):
+        return None
+    return int(shape[0])
 
 
 def dataset_label(test_dataset: Any, name: str) -> str:

@@ -22,7 +22,7 @@ from .._loop._arguments import check_arguments, check_dataset, checked_batch_siz
 from .._loop._engine import run
 from .._loop._hooks import end_hook_owners
 from .._loop._signals import exit_if_terminated, stop_gracefully_on
-from .._loop._state import LoopInputs, LoopState
+from .._loop._state import LoopInputs, LoopState, record_ending
 from .._loop._step import commit, run_callbacks
 from .._loop._tasks import Tasks, as_callback_list, normalize_tasks, run_end_hooks
 from .._processes._agreement import (
@@ -53,6 +53,7 @@ def loop(
     max_steps_in_flight: int = 8,
     stop_signals: Sequence[signal.Signals] = (signal.SIGINT, signal.SIGTERM),
     resume: str | os.PathLike[str] | None = None,
+    resume_stopped: bool = False,
     agree_every: int | None = None,
     fault_timeout: float = 60.0,
 ) -> tuple[Any, History, Elapsed]:
@@ -93,7 +94,15 @@ def loop(
             restored and the batches already consumed are skipped (see
             :class:`ciclo.checkpoint` for how). A missing or empty directory starts afresh, so
             that one command starts a run and continues it after a preemption. On resume,
-            ``on_start`` runs but its logs are not recorded again.
+            ``on_start`` runs but its logs are not recorded again. A run that had ended
+            (its ``stop`` reached, its data run out, or stopped by a callback such as
+            early stopping) stays finished: the loop returns at once with its final state,
+            history and elapsed, says so in one line, and runs and writes nothing. A larger
+            ``stop`` (or more data) continues it.
+        resume_stopped: with ``resume=``, continue a run that a callback stopped (early
+            stopping, ``terminate_on_nan``, ``loop_state.request_stop``) instead of
+            returning it as finished. Early stopping goes on counting its patience from
+            where it stopped: give it a larger ``patience`` (or leave it out) to train on.
         agree_every: with several processes (``jax.distributed``), the steps between two
             rounds of agreement of the processes on what differs between them: their
             clocks, stops requested by a callback or a signal on one of them. ``None``, the
@@ -150,6 +159,8 @@ def loop(
     """
     # 1. The arguments and the tasks, read once.
     check_arguments(history, elapsed, batch_size_fn, stop_signals)
+    if not isinstance(resume_stopped, bool):
+        raise TypeError(f"loop(resume_stopped={resume_stopped!r}): expected True or False.")
     check_dataset(dataset)
     if batch_size_fn is not None:
         batch_size_fn = checked_batch_size_fn(batch_size_fn)
@@ -176,7 +187,15 @@ def loop(
     try:
         # 3. Resume: the state, counts, history and callbacks of the latest checkpoint, and
         # the dataset past the batches it consumed.
-        source = dataset if resume is None else _resume.resume(resume, loop_state)
+        # A finished run returns at once: nothing runs, nothing is written.
+        source = (
+            dataset
+            if resume is None
+            else _resume.resume(resume, loop_state, stop=stop, resume_stopped=resume_stopped)
+        )
+        if loop_state.finished:
+            run_end_hooks(end_hooks, loop_state, None)  # they release what they hold
+            return loop_state.state, history, loop_state.elapsed
         steps = elapse(
             source,
             stop=stop,
@@ -203,6 +222,7 @@ def loop(
                 run(loop_state, steps, task_list, max_steps_in_flight=max_steps_in_flight)
                 if decisions is not None:
                     decisions.finish(loop_state.elapsed.steps)
+                record_ending(loop_state, stop)
             except BaseException as error:
                 lost = None
                 if agreement is not None:  # at once, so the others end too

@@ -3,12 +3,13 @@ the batch loop that ``test_loop`` and ``predict_loop`` share."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._loop._arguments import is_empty
 from .._loop._in_flight import InFlight
-from .._loop._state import LoopState
+from .._loop._state import DATA_ENDED, LoopState
 from .._records._aggregate import AggregationSpec, Aggregator
 from .._records._history import History
 from .._records._logs import Logs
@@ -175,22 +176,24 @@ def evaluate_dataset(
         in_flight.push_tree(loop_state.logs, loop_state.state)
         loop_state.logs = Logs()  # aggregated: the per-batch logs go no further
 
-    state, _, elapsed = run_batches(
-        registry,
-        "test",
-        state,
-        dataset,
-        accumulate,
-        [
-            Hook("test_loop aggregation", lambda _: aggregator.result()),
-            *registry.named["on_test_end"],
-            Hook("test_loop result", lambda loop_state: result.append(loop_state.logs.copy())),
-        ],
-        stop=stop,
-        batch_size_fn=batch_size_fn,
-        metadata=metadata,
-        **loop_kwargs,
-    )
+    with warnings.catch_warnings():  # stop is at most how much of the set to evaluate
+        warnings.filterwarnings("ignore", f"{DATA_ENDED} .*", RuntimeWarning)
+        state, _, elapsed = run_batches(
+            registry,
+            "test",
+            state,
+            dataset,
+            accumulate,
+            [
+                Hook("test_loop aggregation", lambda _: aggregator.result()),
+                *registry.named["on_test_end"],
+                Hook("test_loop result", lambda loop_state: result.append(loop_state.logs.copy())),
+            ],
+            stop=stop,
+            batch_size_fn=batch_size_fn,
+            metadata=metadata,
+            **loop_kwargs,
+        )
     if elapsed.steps == 0 and stop != 0:
         raise ValueError(_SAW_NO_BATCH.format(where=where))
     return state, result[0], elapsed

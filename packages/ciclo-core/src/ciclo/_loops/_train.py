@@ -3,6 +3,8 @@ schedules (``on_epoch_end``...) and ordinary ones."""
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -17,6 +19,7 @@ from .._time._periods import period_unit
 from .._time._schedules import always
 from ..callbacks._inner_loop import inner_loop
 from ._clock import EpochClock
+from ._epochs import PassEnds, Passes, epochs_dataset
 from ._evaluation import EvaluationSet, dataset_label, evaluation_sets
 from ._loop import loop
 from ._named import NAMED_SCHEDULES, moments
@@ -36,7 +39,9 @@ def train_loop(
     | Iterable[Any]
     | Mapping[str, Callable[[], Iterable[Any]] | Iterable[Any]]
     | None = None,
+    epochs: int | None = None,
     epoch_duration: int | Period | None = None,
+    test_every: int | Period | Mapping[str, int | Period | None] | None = None,
     test_duration: int | Period | Mapping[str, int | Period | None] | None = None,
     test_name: str = "test",
     test_at_start: bool = False,
@@ -60,7 +65,7 @@ def train_loop(
           on_train_step and ordinary          in tasks order (the step first when tasks
             schedules (ciclo.every(...))      does not name on_train_step)
           on_train_batch_end
-          evaluation                          when this step completes a test_duration
+          evaluation                          when this step completes a test_every
                                               (default: an epoch); on a fresh
                                               test_dataset(): on_reset_step, on_test_begin,
                                               [on_test_batch_begin, on_test_step,
@@ -94,15 +99,24 @@ def train_loop(
 
     Several evaluation sets: ``test_dataset={"valid": make_valid, "test": make_test}``
     evaluates each (in dict order, with the same test step and ``on_test_*`` callbacks),
-    giving ``accuracy_valid``, ``accuracy_test``...; ``test_duration={"valid": 100}`` gives
+    giving ``accuracy_valid``, ``accuracy_test``...; ``test_every={"valid": 100}`` gives
     a set its own period (sets it does not name are evaluated at each epoch's end), and a
-    single ``test_duration`` applies to every set.
+    single ``test_every`` applies to every set; ``test_duration`` likewise.
+
+    Epochs: ``epochs=N`` makes N passes over ``train_dataset``, a re-iterable dataset (a
+    list of batches, a Grain ``MapDataset``: iterated anew for each epoch) or a
+    zero-argument function returning a fresh one (called for each epoch). An epoch is one
+    pass: its length is ``len(train_dataset)`` when it has one (the loop then knows its
+    planned total, ``stop = N * len``, which progress bars read), otherwise the end of
+    each pass. Without ``epochs``, ``epoch_duration`` cuts one pass over the data into
+    epochs.
 
     Args:
         state: the state; its ``train_step``, ``test_step`` and ``reset_step`` methods (if
             any) run under ``on_train_step``, ``on_test_step`` and ``on_reset_step`` unless
             ``tasks`` or ``callbacks`` give callbacks for those schedules.
-        train_dataset: an iterable of batches.
+        train_dataset: an iterable of batches; with ``epochs``, a re-iterable one or a
+            zero-argument function returning one.
         tasks: ``{schedule: callback or [callbacks]}``; a schedule is a named schedule
             (``ciclo.on_epoch_end`` or ``"on_epoch_end"``) or an ordinary one
             (``ciclo.every(100)``), which runs with the training step.
@@ -113,17 +127,25 @@ def train_loop(
             called at each evaluation (``lambda: batches(x_test, y_test)``), or a
             re-iterable dataset (a list of batches: iterated anew at each evaluation; not
             an iterator), or a dict ``{name: function or dataset}`` of several sets.
+        epochs: how many passes over ``train_dataset`` (instead of ``epoch_duration`` and
+            ``stop``); evaluation runs at the end of each.
         epoch_duration: an epoch's length: an int (steps) or ``ciclo.at(samples=...)`` /
             ``ciclo.at(time=...)``.
-        test_duration: evaluate every this much training instead of every epoch; a dict
-            ``{name: duration}`` sets it per evaluation set.
+        test_every: evaluate every this much training (an int, steps, or a
+            ``ciclo.at(...)``) instead of every epoch; a dict ``{name: period}`` sets it
+            per evaluation set.
+        test_duration: how long each evaluation runs (an int, steps, or a
+            ``ciclo.at(...)``; the original ciclo's meaning), by default the whole
+            evaluation set; a dict ``{name: duration}`` sets it per set. Needed for an
+            endless evaluation dataset.
         test_name: the suffix of evaluation entries of a single ``test_dataset`` (with a
             dict, its keys).
         test_at_start: evaluate before training too (the untrained model's metrics, in the
             row of ``on_start``).
         test_at_end: evaluate and end a last epoch cut short (by ``stop``, the dataset's
             end or a stopping callback), after the last step.
-        stop: when to stop (an int or a ``ciclo.at(...)``); by default the dataset's end.
+        stop: when to stop (an int or a ``ciclo.at(...)``); by default the dataset's end
+            (with ``epochs``, the end of the last epoch).
         batch_size_fn: ``batch -> int`` to count samples (leading dimension by default).
         history, elapsed, metadata: as in :func:`ciclo.loop`.
         **loop_kwargs: passed on to :func:`ciclo.loop` (``max_steps_in_flight``,
@@ -151,14 +173,36 @@ def train_loop(
         ([2, 5], [0.125, 0.015625])
     """
     check_no_hooks("train_loop", loop_kwargs)
+    _check_keywords(loop_kwargs)
+    _check_tasks(tasks)
+    if epochs is not None:
+        if epoch_duration is not None:
+            raise ValueError(
+                f"train_loop(epochs={epochs!r}, epoch_duration={epoch_duration!r}): give one. "
+                f"epochs makes each epoch one pass over train_dataset; epoch_duration cuts "
+                f"one pass over it into epochs of that length."
+            )
+        if stop is not None:
+            raise ValueError(
+                f"train_loop(epochs={epochs!r}, stop={stop!r}): give one. epochs ends the "
+                f"run after that many passes over train_dataset; stop ends it at a count."
+            )
+        train_dataset, length = epochs_dataset(train_dataset, epochs)
+        if length is not None:
+            epoch_duration = length
+            stop = (0 if elapsed is None else elapsed.steps) + epochs * length
     registry = Registry(
         "train_loop", moments("train", "test"), "on_train_step", state, tasks, callbacks
     )
     registry.require_step("train_step")
     named = registry.named
-    epoch = None if epoch_duration is None else period_unit(epoch_duration, "epoch_duration")
-    sets = evaluation_sets(test_dataset, test_duration, test_name)
-    clock = EpochClock(epoch, {name: duration for name, (_, duration) in sets.items()})
+    epoch: tuple[str, float] | PassEnds | None = (
+        None if epoch_duration is None else period_unit(epoch_duration, "epoch_duration")
+    )
+    if epoch is None and isinstance(train_dataset, Passes):
+        epoch = PassEnds(train_dataset)
+    sets = evaluation_sets(test_dataset, test_every, test_duration, test_name)
+    clock = EpochClock(epoch, {name: evaluation.every for name, evaluation in sets.items()})
 
     if sets and not named["on_test_step"]:
         raise ValueError(
@@ -175,14 +219,15 @@ def train_loop(
     def start_counting(loop_state: LoopState) -> None:
         loop_state.evaluated = not sets
 
-    def evaluation(name: str, make_dataset: Callable[[], Iterable[Any]]) -> Any:
+    def evaluation(name: str, evaluation_set: EvaluationSet) -> Any:
         def run_test(state: Any) -> tuple[Any, Logs, Elapsed]:
             try:
                 result = evaluate_dataset(
                     state,
-                    make_dataset(),
+                    evaluation_set.factory(),
                     test_tasks,
                     dataset_label(test_dataset, name),
+                    stop=evaluation_set.duration,
                     batch_size_fn=batch_size_fn,
                     metadata=metadata,
                     stop_signals=(),  # a Ctrl-C during evaluation stops the training loop
@@ -198,7 +243,7 @@ def train_loop(
 
         return inner_loop(name, run_test)
 
-    evaluations = {name: evaluation(name, factory) for name, (factory, _) in sets.items()}
+    evaluations = {name: evaluation(name, evaluation_set) for name, evaluation_set in sets.items()}
     train_tasks = {
         clock.schedule: [],  # first, so its state comes first in checkpoints
         **loop_tasks(
@@ -221,10 +266,10 @@ def train_loop(
     start.append(Hook("train_loop owed", _run_owed(clock, evaluations, epoch_end)))
     on_end: list[Any] = []
     if test_at_end and epoch is not None:  # a last epoch cut short ends here
-        last = [evaluations[name] for name, (_, duration) in sets.items() if not duration]
+        last = [evaluations[name] for name, one in sets.items() if not one.every]
         on_end += [_if_cut(clock, callback) for callback in last + named["on_epoch_end"]]
     if epoch is None:  # the whole run is one epoch: it ends with the loop
-        on_end += [evaluations[name] for name, (_, duration) in sets.items() if not duration]
+        on_end += [evaluations[name] for name, one in sets.items() if not one.every]
         on_end += named["on_epoch_end"]
     on_end += named["on_train_end"]
     if is_empty(train_dataset):  # after the other arguments' checks
@@ -320,28 +365,66 @@ def _run_owed(
 def _why_not_evaluated(
     sets: Mapping[str, EvaluationSet],
     runs: Mapping[str, int],
-    epoch: tuple[str, float] | None,
+    epoch: tuple[str, float] | PassEnds | None,
     stop: int | Period | None,
 ) -> Callable[[str], str | None]:
     """Says, for a history key of an evaluation set that never ran, why it did not."""
 
     def why(key: str) -> str | None:
-        for name, (_, duration) in sets.items():
+        for name, evaluation_set in sets.items():
             if not key.endswith(f"_{name}") or runs[name]:
                 continue
-            period = duration or epoch
-            when = (
-                "at the end of the run"
-                if period is None
-                else f"after each {period[1]:g} {period[0]} of training"
-                + (" (test_duration)" if duration else " (epoch_duration)")
-            )
+            period = evaluation_set.every or epoch
+            if period is None:
+                when = "at the end of the run"
+            elif isinstance(period, PassEnds):
+                when = "at the end of each epoch (a pass over train_dataset)"
+            else:
+                when = f"after each {period[1]:g} {period[0]} of training" + (
+                    " (test_every)" if evaluation_set.every else " (epoch_duration)"
+                )
             return (
                 f"No evaluation of {name!r} ran in train_loop: it runs {when}, and the run "
                 f"(stop={stop!r}) ended before the first one; a last epoch cut short is not "
-                f"evaluated by default. Give a shorter epoch_duration or test_duration, or "
+                f"evaluated by default. Give a shorter epoch_duration or test_every, or "
                 f"test_at_end=True (evaluate a last epoch cut short), or test_at_start=True."
             )
         return None
 
     return why
+
+
+def _check_keywords(loop_kwargs: Mapping[str, Any]) -> None:
+    """Names a keyword that neither train_loop nor :func:`ciclo.loop` takes as
+    train_loop's, with the closest one it takes.
+
+    Example:
+        >>> _check_keywords({"epoch": 3})
+        Traceback (most recent call last):
+        ...
+        TypeError: train_loop() got an unexpected keyword argument 'epoch'. Did you mean 'epochs'?
+    """
+    passed_on = set(inspect.signature(loop).parameters) - {"state", "dataset", "tasks"}
+    passed_on -= {"on_start", "on_end"}
+    for key in loop_kwargs:
+        if key in passed_on:
+            continue
+        known = [*inspect.signature(train_loop).parameters, *passed_on]
+        known.remove("loop_kwargs")
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise TypeError(f"train_loop() got an unexpected keyword argument {key!r}.{hint}")
+
+
+def _check_tasks(tasks: Any) -> None:
+    """Names ``train_loop(state, x, y)``, Keras' ``fit(x, y)``: ``y`` lands in ``tasks``."""
+    if tasks is None or isinstance(tasks, Mapping):
+        return
+    if hasattr(tasks, "shape") and hasattr(tasks, "dtype"):
+        raise TypeError(
+            f"train_loop(state, x, y): the third argument is tasks (a dict {{schedule: "
+            f"callbacks}}), got an array of shape {tuple(tasks.shape)}, as in Keras' "
+            f"fit(x, y). ciclo trains on a dataset of batches: give train_dataset=[(x[i : i + "
+            f"64], y[i : i + 64]) for i in range(0, len(x), 64)] (or a function returning "
+            f"batches), with epochs=..."
+        )

@@ -78,7 +78,9 @@ def inner_loop(
             left unchanged, as an evaluation should).
 
     Returns:
-        a callback ``state -> (logs, state)``.
+        a callback ``state -> (logs, None)``: ``None`` leaves the loop's state as it is
+        (``(logs, new_state)`` with ``output_state=True``). Called by hand, keep your
+        state: ``logs, _ = evaluate(state)``.
 
     Example:
         >>> import ciclo, numpy as np

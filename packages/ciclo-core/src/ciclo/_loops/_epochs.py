@@ -1,0 +1,175 @@
+"""``train_loop(..., epochs=N)``: N passes over the training data, as one dataset.
+
+The data is a re-iterable dataset (a list, an array of batches, a Grain ``MapDataset``),
+iterated anew for each epoch, or a zero-argument function returning a fresh dataset,
+called for each epoch. An epoch's length is ``len()`` of the data when it has one (then
+the loop knows its planned total of steps); otherwise an epoch ends where a pass ends,
+which :class:`Passes` sees one batch ahead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, overload
+
+from .._time._elapsed import Elapsed
+from .._time._schedules import Schedule
+
+__all__ = ["Passes", "SequencePasses", "epochs_dataset"]
+
+#: An iterator or generator given with ``epochs > 1``.
+_ONE_PASS = (
+    "train_loop(epochs={epochs}): train_dataset is an iterator ({kind}), which the first "
+    "epoch uses up, leaving the next ones no batch. Give a re-iterable dataset (a list of "
+    "batches, a Grain MapDataset), or a zero-argument function returning a fresh one, "
+    "called for each epoch: train_loop(state, lambda: make_batches(x, y), epochs={epochs})."
+)
+
+
+def _fresh(data: Any) -> Callable[[], Iterable[Any]]:
+    """A function returning the data of one epoch."""
+    if hasattr(data, "__iter__"):
+        return lambda: data  # type: ignore[no-any-return]
+    return data  # type: ignore[no-any-return]
+
+
+class Passes(Iterable[Any]):
+    """``epochs`` passes over the data, one batch ahead: while the loop runs a batch,
+    :attr:`last_of_pass` says whether it ends its pass (an epoch of unknown length).
+
+    Example:
+        >>> passes = Passes(lambda: iter([1, 2]), 2, None)
+        >>> [(batch, passes.last_of_pass) for batch in passes]
+        [(1, False), (2, True), (1, False), (2, True)]
+    """
+
+    def __init__(self, make: Callable[[], Iterable[Any]], epochs: int, first: Any) -> None:
+        self.make, self.epochs = make, epochs
+        self._first = first  # the first epoch's data, made when the length was read
+        self.first_of_pass = self.last_of_pass = False
+        self.length: int | None = None  # batches in a pass, once one has ended
+
+    def __iter__(self) -> Iterator[Any]:
+        for _ in range(self.epochs):
+            data, self._first = self._first, None
+            batches = iter(self.make() if data is None else data)
+            try:
+                ahead = next(batches)
+            except StopIteration:
+                return  # an empty pass: the data ran out
+            count = 0
+            while True:
+                batch = ahead
+                try:
+                    ahead = next(batches)
+                    last = False
+                except StopIteration:
+                    last = True
+                self.first_of_pass, self.last_of_pass = count == 0, last
+                count += 1
+                yield batch
+                if last:
+                    break
+            if self.length is None:
+                self.length = count
+
+    def __repr__(self) -> str:
+        return f"<train_loop's {self.epochs} epochs over {self.make!r}>"
+
+
+class SequencePasses(Sequence[Any]):
+    """``epochs`` passes over an indexable dataset of ``length`` batches, as one sequence
+    (a resumed run starts at its first batch not consumed, by index).
+
+    Example:
+        >>> list(SequencePasses([1, 2], 2))
+        [1, 2, 1, 2]
+    """
+
+    def __init__(self, data: Any, epochs: int) -> None:
+        self.data, self.epochs, self.length = data, epochs, len(data)
+
+    def __len__(self) -> int:
+        return self.length * self.epochs
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Any]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        return self.data[index % self.length]
+
+    def __repr__(self) -> str:
+        return f"<train_loop's {self.epochs} epochs over {type(self.data).__name__}>"
+
+
+class PassEnds(Schedule):
+    """Fires at the last batch of each pass of :class:`Passes`: the end of an epoch whose
+    length is not known in advance."""
+
+    def __init__(self, passes: Passes) -> None:
+        self.passes = passes
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        return self.passes.last_of_pass
+
+    def begins(self) -> bool:
+        """Whether the current batch begins a pass."""
+        return self.passes.first_of_pass
+
+    def __repr__(self) -> str:
+        return "train_loop.epochs"
+
+
+def _indexable(data: Any) -> bool:
+    return (
+        hasattr(data, "__len__")
+        and hasattr(data, "__getitem__")
+        and not isinstance(data, dict | str | bytes)
+    )
+
+
+def epochs_dataset(data: Any, epochs: int) -> tuple[Iterable[Any], int | None]:
+    """The dataset of ``epochs`` passes over ``data`` and an epoch's length in batches
+    (``None`` when ``data`` has no ``len()``: the end of the first pass tells).
+
+    Example:
+        >>> dataset, length = epochs_dataset([1, 2, 3], 2)
+        >>> list(dataset), length
+        ([1, 2, 3, 1, 2, 3], 3)
+        >>> epochs_dataset(iter([1, 2]), 2)
+        Traceback (most recent call last):
+        ...
+        TypeError: train_loop(epochs=2): train_dataset is an iterator (list_iterator), ...
+    """
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(
+            f"train_loop(epochs={epochs!r}): epochs must be a positive int (how many passes "
+            f"over train_dataset)."
+        )
+    first = None
+    if hasattr(data, "__iter__"):
+        if iter(data) is data and epochs > 1:
+            raise TypeError(_ONE_PASS.format(epochs=epochs, kind=type(data).__name__))
+        if _indexable(data):
+            return SequencePasses(data, epochs), len(data)
+        first = data
+    elif callable(data):
+        first = data()
+        if not hasattr(first, "__iter__"):
+            raise TypeError(
+                f"train_loop(epochs={epochs}): train_dataset() returned a "
+                f"{type(first).__name__}, not a dataset; the function must return an "
+                f"iterable of batches (it is called for each epoch)."
+            )
+    else:
+        raise TypeError(
+            f"train_loop: train_dataset must be a dataset (an iterable of batches) or a "
+            f"function returning one, got {type(data).__name__}."
+        )
+    length = len(first) if hasattr(first, "__len__") else None
+    return Passes(_fresh(data), epochs, first), length
