@@ -33,6 +33,7 @@ SCRIPTS = [
     "checkpoint_in_training.py",
     "placement.py",
     "multihost_agreement.py",
+    "language_model.py",
 ]
 
 
