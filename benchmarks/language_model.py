@@ -11,36 +11,45 @@ own (against the same unfused hand-written loop).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 # 8 simulated devices on a CPU (nox -s bench runs the others with XLA_FLAGS="")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "examples"))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from _harness import compare, emit, parse_args  # noqa: E402
-from flax import nnx  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
-from language_model import (  # noqa: E402
-    GPT,
-    RULES,
-    ByteBatches,
-    make_mesh,
-    model_flops_per_token,
-    peak_flops,
-    stdlib_corpus,
-)
+import jax
+import jax.numpy as jnp
+import optax
+from _harness import compare, emit, parse_args
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-import ciclo  # noqa: E402
-import ciclo_flax  # noqa: E402
+import ciclo
+import ciclo_flax
+
+
+def _load_example() -> Any:
+    """examples/language_model.py as a module (its name is this script's)."""
+    path = Path(__file__).parents[1] / "examples" / "language_model.py"
+    spec = importlib.util.spec_from_file_location("language_model_example", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+example = _load_example()
+GPT, RULES, ByteBatches = example.GPT, example.RULES, example.ByteBatches
+make_mesh, model_flops_per_token = example.make_mesh, example.model_flops_per_token
+peak_flops, stdlib_corpus = example.peak_flops, example.stdlib_corpus
 
 CE = optax.softmax_cross_entropy_with_integer_labels
 EMA = 0.99
@@ -81,7 +90,10 @@ def main() -> None:
         width, layers, heads, batch_size, steps, repeats = 256, 4, 8, 16, 10, 5
     length = 128
     train, _ = stdlib_corpus()
-    batches = [batch for _, batch in zip(range(steps), ByteBatches(train, batch_size, length))]
+    batches = [
+        batch
+        for _, batch in zip(range(steps), ByteBatches(train, batch_size, length), strict=False)
+    ]
     mesh = make_mesh(2)
     model = GPT(width, layers, heads, length, rngs=nnx.Rngs(0))
     tx = optimizer(steps)

@@ -31,25 +31,25 @@ import os
 # 8 simulated devices on a CPU host (set before jax is imported; an accelerator is unaffected)
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-import argparse  # noqa: E402
-import math  # noqa: E402
-import sysconfig  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import zlib  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import math
+import sysconfig
+import tempfile
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from flax import nnx  # noqa: E402
-from jax.sharding import AxisType  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
 
-import ciclo  # noqa: E402
-import ciclo_flax  # noqa: E402
+import ciclo
+import ciclo_flax
 
 # --- data: the standard library's source, byte by byte ------------------------------------
 
@@ -60,9 +60,7 @@ def stdlib_corpus() -> tuple[np.ndarray, np.ndarray]:
     """``(train, held_out)``: the bytes of the standard library's ``.py`` files, split by
     file (about one file in ten held out, chosen by a hash of its path), as uint8 arrays."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    files = sorted(
-        p for p in root.rglob("*.py") if not SKIPPED & set(p.relative_to(root).parts)
-    )
+    files = sorted(p for p in root.rglob("*.py") if not SKIPPED & set(p.relative_to(root).parts))
     parts: dict[bool, list[bytes]] = {True: [], False: []}
     for path in files:
         held_out = zlib.crc32(str(path.relative_to(root)).encode()) % 10 == 0
@@ -216,7 +214,9 @@ def parse_args() -> argparse.Namespace:
     add("--checkpoint-dir", default=None, help="resume from (and save to) this directory")
     add("--checkpoint-every", type=int, default=50)
     add("--generate", type=int, default=80, help="bytes to generate at the end")
-    add("--save-params", default=None, help="write the final (and averaged) parameters to this .npz")
+    add(
+        "--save-params", default=None, help="write the final (and averaged) parameters to this .npz"
+    )
     return parser.parse_args()
 
 
@@ -225,7 +225,9 @@ def make_mesh(tensor: int) -> jax.sharding.Mesh:
     when the device count does not divide)."""
     devices = jax.device_count()
     tensor = math.gcd(tensor, devices)
-    return jax.make_mesh((devices // tensor, tensor), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    return jax.make_mesh(
+        (devices // tensor, tensor), ("data", "model"), axis_types=(AxisType.Auto,) * 2
+    )
 
 
 def generate(state, prompts: list[bytes], count: int, length: int) -> list[bytes]:
@@ -273,9 +275,7 @@ def main() -> None:
         tx,
         losses={"loss": optax.softmax_cross_entropy_with_integer_labels},
         metrics={"accuracy": lambda logits, targets: logits.argmax(-1) == targets},
-        strategy=ciclo.managed.sharded(
-            mesh, RULES, fsdp=True, accumulate_steps=args.accumulate
-        ),
+        strategy=ciclo.managed.sharded(mesh, RULES, fsdp=True, accumulate_steps=args.accumulate),
         compute_dtype=jnp.bfloat16,
         ema=args.ema,
     )
@@ -311,7 +311,9 @@ def main() -> None:
             f"(peak {peak:.3g} FLOP/s, {peak_source}); "
             f"{elapsed.steps} steps in {time.perf_counter() - started:.0f} s"
         )
-    for text in generate(state, [b"def ", b"import ", b"class ", b"    return "], args.generate, args.length):
+    for text in generate(
+        state, [b"def ", b"import ", b"class ", b"    return "], args.generate, args.length
+    ):
         print(repr(text.decode("utf-8", errors="replace")))
     if args.save_params:
         leaves = jax.tree.leaves((state.params, state.ema_params))

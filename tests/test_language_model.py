@@ -70,7 +70,8 @@ def test_sigkill_then_the_same_command_ends_with_the_parameters_of_an_uninterrup
         if process.poll() is None:
             process.kill()
     killed_at = saved_steps(directory)
-    assert killed_at and killed_at[-1] < 12, killed_at
+    assert killed_at, "no checkpoint before the kill"
+    assert killed_at[-1] < 12, killed_at
     assert not resumed.exists()
 
     run_to_the_end(directory, resumed)

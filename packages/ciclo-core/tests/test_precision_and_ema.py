@@ -53,12 +53,12 @@ def test_the_step_computes_in_the_compute_dtype_and_keeps_float32_state(dtype):
     scale = "dynamic" if dtype == jnp.float16 else None
     state = create(compute_dtype=dtype, loss_scale=scale)
     logs, state = regression_step(state, batches(1)[0])
-    assert SEEN == [(jnp.dtype(dtype).name, jnp.dtype(dtype).name)]
+    assert [(jnp.dtype(dtype).name, jnp.dtype(dtype).name)] == SEEN
     assert floating_dtypes(state.params) == floating_dtypes(state.opt_state) == {"float32"}
     assert logs.losses.loss.dtype == logs.metrics.pred.dtype == jnp.float32
 
 
-@pytest.mark.parametrize("dtype, scale", [(jnp.bfloat16, None), (jnp.float16, "dynamic")])
+@pytest.mark.parametrize(("dtype", "scale"), [(jnp.bfloat16, None), (jnp.float16, "dynamic")])
 def test_mixed_precision_training_is_close_to_float32_but_not_equal(dtype, scale):
     data = batches(60)
     reference, _, _ = ciclo.loop(create(), data, {ciclo.every(1): regression_step})
@@ -130,7 +130,9 @@ def test_a_dynamic_loss_scale_skips_a_non_finite_step_and_halves():
     assert int(skipped.step) == int(state.step) + 1
     for field in ("params", "opt_state", "ema_params"):
         for a, b in zip(
-            jax.tree.leaves(getattr(skipped, field)), jax.tree.leaves(getattr(state, field))
+            jax.tree.leaves(getattr(skipped, field)),
+            jax.tree.leaves(getattr(state, field)),
+            strict=True,
         ):
             np.testing.assert_array_equal(a, b, err_msg=field)
     assert float(skipped.loss_scale.scale) == float(state.loss_scale.scale) / 2
@@ -209,7 +211,7 @@ def test_train_loop_evaluates_the_average_too():
 
 
 @pytest.mark.parametrize(
-    "options, error, match",
+    ("options", "error", "match"),
     [
         ({"compute_dtype": jnp.int32}, TypeError, r"compute_dtype=.*int32.* not a floating"),
         ({"compute_dtype": "half-ish"}, TypeError, r"compute_dtype='half-ish'"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +59,7 @@ def as_compute_dtype(value: Any) -> jnp.dtype | None:
             f"compute_dtype={value!r} is not a floating-point dtype; use jnp.bfloat16 (or "
             f"jnp.float16 with loss_scale='dynamic'), or None to compute in float32."
         )
-    return dtype
+    return cast(jnp.dtype, dtype)
 
 
 def _is_floating(leaf: Any) -> bool:
@@ -113,7 +113,7 @@ def restore_dtypes(new: Any, old: Any) -> Any:
     """
     new_leaves, treedef = jax.tree_util.tree_flatten(new)
     old_leaves, old_treedef = jax.tree_util.tree_flatten(old)
-    if treedef != old_treedef:
+    if treedef != old_treedef:  # type: ignore[operator]
         return new
     leaves = [
         n.astype(o.dtype) if _is_floating(n) and _is_floating(o) and n.dtype != o.dtype else n

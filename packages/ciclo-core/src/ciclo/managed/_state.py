@@ -233,7 +233,8 @@ class ManagedState:
             )
         updates, opt_state = self.tx.update(grads, self.opt_state, self.params)
         params = optax.apply_updates(self.params, updates)
-        return update_ema(self.replace(step=self.step + 1, params=params, opt_state=opt_state))
+        updated = self.replace(step=self.step + 1, params=params, opt_state=opt_state)
+        return cast(S, update_ema(updated))
 
     def ema_state(self: S) -> S | None:
         """This state with its averaged parameters (``ema_params``) in place of ``params``,
