@@ -179,7 +179,7 @@ def examples(session: nox.Session) -> None:
     scripts = sorted(p.name for p in (ROOT / "examples").glob("*.py") if not p.name.startswith("_"))
     small = {
         "demo.py": ["--min-accuracy", "0", "--plot", "examples/out/demo-small.png"],
-        "language_model.py": ["--batch-size", "16", "--generate", "16"],
+        "language_model.py": ["--batch-size", "8", "--generate", "16"],
     }
     for script in scripts:
         session.run(

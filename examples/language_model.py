@@ -201,7 +201,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add = parser.add_argument
     add("--steps", type=int, default=150, help="optimizer updates")
-    add("--batch-size", type=int, default=32, help="sequences per update")
+    add("--batch-size", type=int, default=16, help="sequences per update")
     add("--accumulate", type=int, default=2, help="micro-batches per update")
     add("--length", type=int, default=128, help="sequence length (bytes)")
     add("--width", type=int, default=256)
@@ -318,8 +318,11 @@ def main() -> None:
     if args.save_params:
         leaves = jax.tree.leaves((state.params, state.ema_params))
         np.savez(args.save_params, *[np.asarray(leaf) for leaf in leaves])
-    _, logs, _ = ciclo.test_loop(state, evaluation)
-    print(f"eval perplexity: {math.exp(float(logs.entry_value('loss'))):.2f}")
+    if rows[0] and rows[0][-1] + 1 == elapsed.steps:  # evaluated after the last step
+        loss = rows[1][-1]
+    else:
+        loss = float(ciclo.test_loop(state, evaluation)[1].entry_value("loss"))
+    print(f"eval perplexity: {math.exp(loss):.2f}")
 
 
 if __name__ == "__main__":
