@@ -177,7 +177,10 @@ def examples(session: nox.Session) -> None:
         *_packages(*ADAPTERS), f"{ROOT / 'packages' / 'ciclo-core'}[plot]", "scikit-learn", "pytest"
     )
     scripts = sorted(p.name for p in (ROOT / "examples").glob("*.py") if not p.name.startswith("_"))
-    small = {"demo.py": ["--min-accuracy", "0", "--plot", "examples/out/demo-small.png"]}
+    small = {
+        "demo.py": ["--min-accuracy", "0", "--plot", "examples/out/demo-small.png"],
+        "language_model.py": ["--batch-size", "8", "--generate", "16"],
+    }
     for script in scripts:
         session.run(
             "python", f"examples/{script}", "--steps", "30", *small.get(script, []), env=ENV

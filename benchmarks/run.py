@@ -4,6 +4,7 @@ python benchmarks/run.py            # full size: writes RESULTS.md
 python benchmarks/run.py --tiny     # a few iterations of each, to keep them from rotting
 python benchmarks/run.py --before ../ciclo-0.1   # also the engine's benchmarks on a checkout
                                                  # of an earlier ciclo, in the same run
+python benchmarks/run.py --only language_model.py   # replaces only that script's rows
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ SCRIPTS = [
     "checkpoint_in_training.py",
     "placement.py",
     "multihost_agreement.py",
+    "language_model.py",
 ]
 
 
 #: The benchmarks of the engine's per-step path, also run on an earlier ciclo with --before.
-BEFORE_SCRIPTS = ["loop_overhead.py", "step_profile.py", "haiku_step.py", "multihost_agreement.py"]
+BEFORE_SCRIPTS = ["loop_overhead.py", "step_profile.py", "multihost_agreement.py"]  # core only
 
 
 def _table(rows: list[dict]) -> list[str]:
@@ -66,6 +68,48 @@ def _overhead(row: dict) -> str:
 def _load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f}, {five:.2f}, {fifteen:.2f} (1, 5, 15 min)"
+
+
+def _other(row: dict) -> str:
+    return "- " + ", ".join(f"{k}: {v}" for k, v in row.items())
+
+
+def _merge(text: str, rows: list[dict], note: str) -> str:
+    """RESULTS.md with the rows of the benchmarks in ``rows`` replaced (or added at the end
+    of their section), the others kept, and ``note`` added to the list at the top."""
+    names = {r["benchmark"] for r in rows}
+    timings = _table([r for r in rows if "candidate" in r])[2:]
+    others = [_other(r) for r in rows if "candidate" not in r]
+    lines: list[str] = []
+    section = ""
+    for line in text.splitlines():
+        if line.startswith("## "):
+            section = line
+        cells = line.split(" | ")
+        if line.startswith("| ") and cells[0][2:] in names:
+            continue  # a row of a benchmark rerun now
+        if line.startswith(f"- {note.split(' rerun alone')[0]} rerun alone"):
+            continue  # the note of an earlier rerun of the same scripts
+        if section.startswith("## Other") and any(f"benchmark: {n}" in line for n in names):
+            continue
+        if line.startswith("## Timings") and lines[-2:-1] and lines[-2].startswith("- "):
+            lines.insert(len(lines) - 1, f"- {note}")
+        if line.startswith("## ") and lines and lines[-1] == "":
+            if timings and lines[-2].startswith("|"):  # the end of the timings table
+                lines[-1:] = [*timings, ""]
+                timings = []
+            if others and lines[-2].startswith("- ") and "Other" in lines_section(lines):
+                lines[-1:] = [*others, ""]
+                others = []
+        lines.append(line)
+    if others:  # no section after "Other measurements"
+        lines += ["", *others]
+    return "\n".join(lines) + "\n"
+
+
+def lines_section(lines: list[str]) -> str:
+    """The heading of the section the last of ``lines`` is in."""
+    return next((line for line in reversed(lines) if line.startswith("## ")), "")
 
 
 def main() -> None:
@@ -122,6 +166,14 @@ def main() -> None:
         sys.exit(f"benchmarks failed: {failures}")
     if args.tiny:
         print(f"{len(rows)} rows from {len(scripts)} benchmark scripts (tiny: RESULTS.md kept)")
+        return
+    results = HERE / "RESULTS.md"
+    if args.only and results.exists():
+        note = (
+            f"{', '.join(scripts)} rerun alone: load average {load_before} before, {_load()} after"
+        )
+        results.write_text(_merge(results.read_text(), rows, note))
+        print(f"updated the rows of {scripts} in {results}")
         return
     sys.path.insert(0, str(HERE))
     from _harness import machine_info

@@ -97,6 +97,10 @@ def train_loop(
     stopping, checkpoints) see them in ``loop_state.logs``. Evaluation never changes the
     training state (the state the evaluation returns is dropped).
 
+    Averaged weights: with a managed state created with ``ema=decay``, each evaluation
+    also runs on ``state.ema_state()`` (the averaged parameters), its entries renamed
+    ``<name>_<test_name>_ema`` (``loss_test_ema``).
+
     Several evaluation sets: ``test_dataset={"valid": make_valid, "test": make_test}``
     evaluates each (in dict order, with the same test step and ``on_test_*`` callbacks),
     giving ``accuracy_valid``, ``accuracy_test``...; ``test_every={"valid": 100}`` gives
@@ -241,8 +245,20 @@ def train_loop(
                 clock.loop_state.evaluated = True
             return result
 
-        return inner_loop(name, run_test)
+        plain = inner_loop(name, run_test)
+        if not averaged:
+            return plain
+        # The state keeps averaged weights: each evaluation runs on them too (`_ema`).
+        on_average = inner_loop(f"{name}_ema", lambda state: run_test(state.ema_state()))
 
+        def both(state: Any) -> tuple[Logs, Any]:
+            logs, _ = plain(state)
+            return logs.merge(on_average(state)[0]), None
+
+        both.__qualname__ = both.__name__ = f"evaluation({name!r}, with averaged weights)"
+        return both
+
+    averaged = _keeps_average(state)
     evaluations = {name: evaluation(name, evaluation_set) for name, evaluation_set in sets.items()}
     train_tasks = {
         clock.schedule: [],  # first, so its state comes first in checkpoints
@@ -293,6 +309,13 @@ def train_loop(
         metadata=metadata,
         **loop_kwargs,
     )
+
+
+def _keeps_average(state: Any) -> bool:
+    """Whether ``state`` keeps averaged weights (a managed state created with ``ema=``): its
+    ``ema_state()`` returns the state to evaluate them on."""
+    ema_state = getattr(state, "ema_state", None)
+    return callable(ema_state) and ema_state() is not None
 
 
 def _if_cut(clock: EpochClock, callback: Any) -> Hook:
@@ -372,7 +395,7 @@ def _why_not_evaluated(
 
     def why(key: str) -> str | None:
         for name, evaluation_set in sets.items():
-            if not key.endswith(f"_{name}") or runs[name]:
+            if not key.endswith((f"_{name}", f"_{name}_ema")) or runs[name]:
                 continue
             period = evaluation_set.every or epoch
             if period is None:

@@ -23,6 +23,7 @@ from .._plugins._discovery import installed_adapters as installed_adapters
 from .._plugins._discovery import register_adapter as register_adapter
 from .._plugins._record import Adapter as Adapter
 from ._adapter import BATCH_OPTIONS as BATCH_OPTIONS
+from ._adapter import STATE_OPTIONS as STATE_OPTIONS
 from ._adapter import STATIC as STATIC
 from ._adapter import AdapterState as AdapterState
 from ._adapter import Batch as Batch

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import optax
 
 from .._records._logs import Logs
+from ..managed._precision import cast_floating, to_float32
 from ..managed._state import ManagedState, step, train_step, unknown_name_error
 from ..managed._strategies import Strategy
 from ._libraries import LibraryFunction, from_libraries
@@ -34,6 +35,7 @@ __all__ = [
     "Batch",
     "BatchFormat",
     "FunctionState",
+    "STATE_OPTIONS",
     "Static",
     "StatefulMetric",
     "as_key",
@@ -417,9 +419,15 @@ STATIC = {"static": True}
 #: The options of every adapter's ``create_state`` that are passed on as ``**options``.
 BATCH_OPTIONS = ("inputs_key", "targets_key", "sample_weight_key")
 
+#: The options of :meth:`ciclo.managed.ManagedState.create` every adapter's
+#: ``create_state`` passes on as ``**options``: mixed precision and averaged weights.
+STATE_OPTIONS = ("compute_dtype", "loss_scale", "ema")
+
 
 def check_options(
-    options: Mapping[str, Any], factory: Callable[..., Any], known: Iterable[str] = BATCH_OPTIONS
+    options: Mapping[str, Any],
+    factory: Callable[..., Any],
+    known: Iterable[str] = BATCH_OPTIONS + STATE_OPTIONS,
 ) -> None:
     """Rejects the ``**options`` of an adapter's ``create_state`` that it does not take,
     naming the close match (a typo of ``strategy`` does not silently run under ``jit``).
@@ -427,7 +435,8 @@ def check_options(
     Args:
         options: the keyword arguments ``factory`` received in ``**options``.
         factory: the ``create_state`` function; its named parameters are accepted names.
-        known: the names ``**options`` may hold (by default :data:`BATCH_OPTIONS`).
+        known: the names ``**options`` may hold (by default :data:`BATCH_OPTIONS` and
+            :data:`STATE_OPTIONS`).
 
     Example:
         >>> import ciclo
@@ -657,10 +666,30 @@ class AdapterState(ManagedState):
     def _step_key(self) -> jax.Array | None:
         return None if self.key is None else self.step_key()
 
-    def _evaluate(self: S, batch: Batch, *, training: bool, step: str) -> tuple[Logs, S]:
+    def compute_inputs(self, batch: Any) -> Any:
+        """The batch as it is: an adapter state casts only the model's inputs to the
+        ``compute_dtype`` (see :meth:`_predictions`), so targets keep their precision."""
+        return batch
+
+    def _predictions(self, inputs: Any, *, training: bool) -> tuple[Any, ...]:
+        """:meth:`apply` on ``inputs`` under the state's ``compute_dtype`` (the managed
+        step has already cast ``params``): the floating-point inputs cast to it, the
+        predictions widened to float32 (losses and metrics are computed in float32, as in
+        jmp's ``output_dtype``)."""
+        dtype = self.compute_dtype
         applied = self.apply(
-            self.params, self.model_state, batch.inputs, training=training, key=self._step_key()
+            self.params,
+            self.model_state,
+            cast_floating(inputs, dtype),
+            training=training,
+            key=self._step_key(),
         )
+        if dtype is None:
+            return applied
+        return (to_float32(applied[0]), *applied[1:])
+
+    def _evaluate(self: S, batch: Batch, *, training: bool, step: str) -> tuple[Logs, S]:
+        applied = self._predictions(batch.inputs, training=training)
         preds, model_state = applied[0], applied[1]
         logs = Logs()
         w, targets = batch.sample_weight, batch.targets
@@ -759,9 +788,7 @@ class AdapterState(ManagedState):
         unpacked = self.batch_format.unpack(
             batch, step=f"{type(self).__name__}.predict_step", targets=False
         )
-        preds = self.apply(
-            self.params, self.model_state, unpacked.inputs, training=False, key=self._step_key()
-        )[0]
+        preds = self._predictions(unpacked.inputs, training=False)[0]
         return Logs().add_output("predictions", preds), self
 
     @step

@@ -8,6 +8,7 @@ Example:
     True
 """
 
+from ._precision import LossScale as LossScale
 from ._sharding import fsdp as fsdp
 from ._sharding import key_path as key_path
 from ._sharding import partition_specs as partition_specs

@@ -20,6 +20,16 @@ from .._loop._returns import NO_CHANGE, parse_return
 from .._loop._state import LoopState
 from .._records._aggregate import merge_micro_logs
 from .._records._logs import Logs
+from ._ema import ema_fields, update_ema
+from ._precision import (
+    LossScale,
+    apply_scaled_gradients,
+    cast_floating,
+    precision_fields,
+    run_in_compute_dtype,
+    scale_loss,
+    unscale_gradients,
+)
 from ._strategies import Strategy, get_strategy, identity
 
 __all__ = ["ManagedState", "ManagedStep", "train_step", "step"]
@@ -71,6 +81,12 @@ class ManagedState:
         default=None, metadata={"static": True}
     )
     strategy: Strategy = dataclasses.field(default=cast(Strategy, None), metadata={"static": True})
+    #: The moving average of ``params`` (``create(..., ema=decay)``), else ``None``.
+    ema_params: Any = None
+    ema_decay: float | None = dataclasses.field(default=None, metadata={"static": True})
+    #: Mixed precision (``create(..., compute_dtype=..., loss_scale=...)``).
+    compute_dtype: Any = dataclasses.field(default=None, metadata={"static": True})
+    loss_scale: LossScale | None = None
 
     #: Whether :meth:`create` takes unknown keywords as extra fields (adapter states: no).
     keyword_extras: ClassVar[bool] = True
@@ -88,6 +104,9 @@ class ManagedState:
         tx: optax.GradientTransformation | None,
         strategy: str | Strategy = "jit",
         key: jax.Array | int | None = None,
+        compute_dtype: Any = None,
+        loss_scale: float | str | LossScale | None = None,
+        ema: float | None = None,
         **fields: Any,
     ) -> S:
         """Builds a state with ``step=0`` and ``opt_state = tx.init(params)``.
@@ -98,6 +117,15 @@ class ManagedState:
             strategy: a strategy name (``"eager"``, ``"jit"``, ``"data-parallel"``...) or a
                 :class:`~ciclo.managed.Strategy`.
             key: an RNG key (or an int seed) for steps that need randomness.
+            compute_dtype: mixed precision: the dtype managed steps compute in (e.g.
+                ``jnp.bfloat16``); ``params`` and ``opt_state`` stay as they are (float32),
+                the step casts the parameters and the batch's floating-point arrays to it,
+                and its logs are float32. ``None``: compute in the parameters' dtype.
+            loss_scale: for ``float16``: a number (static), ``"dynamic"`` or a
+                :class:`~ciclo.managed.LossScale`; ``None`` (default) scales nothing.
+            ema: keep ``ema_params``, the moving average of the parameters with this decay
+                (e.g. ``0.999``), updated after each optimizer update; ``train_loop``
+                evaluates it too (entries ``<name>_test_ema``). ``None``: no average.
             **fields: values of subclass fields; ``extra={name: value}`` declares extra
                 fields (and so does an unknown keyword that is no close match of a field
                 or option name).
@@ -149,7 +177,7 @@ class ManagedState:
             extra=extra,
             tx=tx,
             strategy=get_strategy(strategy),
-            **known,
+            **{**precision_fields(compute_dtype, loss_scale), **ema_fields(params, ema), **known},
         )
         return cast(S, state.strategy.place_state(state))
 
@@ -205,7 +233,31 @@ class ManagedState:
             )
         updates, opt_state = self.tx.update(grads, self.opt_state, self.params)
         params = optax.apply_updates(self.params, updates)
-        return self.replace(step=self.step + 1, params=params, opt_state=opt_state)
+        updated = self.replace(step=self.step + 1, params=params, opt_state=opt_state)
+        return cast(S, update_ema(updated))
+
+    def ema_state(self: S) -> S | None:
+        """This state with its averaged parameters (``ema_params``) in place of ``params``,
+        to evaluate them; ``None`` when it keeps no average (``create(..., ema=None)``).
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp, optax
+            >>> state = ciclo.managed.ManagedState.create(
+            ...     params={"w": jnp.ones(2)}, tx=optax.sgd(0.1), ema=0.99
+            ... )
+            >>> state.ema_state().params["w"].tolist()
+            [1.0, 1.0]
+        """
+        if self.ema_decay is None or self.ema_params is None:
+            return None
+        return self.replace(params=self.ema_params)
+
+    def compute_inputs(self, batch: Any) -> Any:
+        """The batch as a managed step computes on it: with a ``compute_dtype``, its
+        floating-point arrays cast to it (integer arrays as they are); the batch itself
+        otherwise. Adapter states cast only the model's inputs (the targets stay as they
+        are, and the losses are computed in float32)."""
+        return cast_floating(batch, self.compute_dtype)
 
     def step_key(self, *names: str | int) -> jax.Array:
         """A key for this step: ``key`` folded with ``step`` (and ``names``), so each step
@@ -571,15 +623,21 @@ class ManagedStep:
         """Gradients of the total loss w.r.t. ``params``, the logs and the new state; with
         ``micro_steps > 1`` the mean over that many micro-batches of ``batch``."""
 
+        def run(current: Any, batch: Any) -> tuple[Logs, Any]:
+            return self._run(current, batch, broadcasts, statics)
+
         def objective(params: Any, current: Any, batch: Any) -> tuple[jax.Array, Any]:
-            logs, new_state = self._run(current.replace(params=params), batch, broadcasts, statics)
-            return _total_loss(self, logs), (logs, new_state.replace(params=state.params))
+            # Under a compute_dtype, the cast of params is inside what is differentiated:
+            # the gradients are taken w.r.t. (and come back in the dtype of) params.
+            logs, new_state = run_in_compute_dtype(run, current.replace(params=params), batch)
+            loss = scale_loss(state, _total_loss(self, logs))
+            return loss, (logs, new_state.replace(params=state.params))
 
         _check_real_params(self, state.params)
         gradient = jax.grad(objective, has_aux=True)
         if micro_steps == 1:
             grads, (logs, new_state) = gradient(state.params, state, batch)
-            return grads, logs, new_state
+            return unscale_gradients(state, grads), logs, new_state
 
         micro_batches, rows = _split_batch(self, batch, micro_steps)
 
@@ -591,7 +649,7 @@ class ManagedStep:
         zeros = jax.tree.map(jnp.zeros_like, state.params)
         (total, new_state), logs = jax.lax.scan(accumulate, (zeros, state), micro_batches)
         grads = jax.tree.map(lambda g: g / micro_steps, total)
-        return grads, merge_micro_logs(logs, rows), new_state
+        return unscale_gradients(state, grads), merge_micro_logs(logs, rows), new_state
 
     def _body(self, strategy: Strategy, statics: Hashable) -> StepFunction:
         """One step as ``strategy`` runs it, before compilation: ``(state, batch,
@@ -599,7 +657,9 @@ class ManagedStep:
         if not self.differentiate:
 
             def run(state: Any, batch: Any, broadcasts: Any) -> tuple[Logs, Any]:
-                logs, new_state = self._run(state, batch, broadcasts, statics)
+                logs, new_state = run_in_compute_dtype(
+                    lambda s, b: self._run(s, b, broadcasts, statics), state, batch
+                )
                 return strategy.reduce_logs(logs), new_state
 
             return run
@@ -609,7 +669,7 @@ class ManagedStep:
                 state, batch, broadcasts, statics, strategy.accumulate_steps
             )
             grads = strategy.reduce_gradients(grads)
-            return strategy.reduce_logs(logs), new_state.apply_gradients(grads)
+            return strategy.reduce_logs(logs), apply_scaled_gradients(new_state, grads)
 
         return train
 

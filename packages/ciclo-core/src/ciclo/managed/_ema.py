@@ -1,0 +1,90 @@
+"""Averaged weights: an exponential moving average of the parameters (``ema_params``), kept
+by the state and updated with every optimizer update, inside the compiled step.
+
+``ema_params <- decay * ema_params + (1 - decay) * params`` after each update, starting from
+the initial parameters. Because the average is a field of the state, it is fused with the
+step (``steps_per_call``), made once per optimizer update under gradient accumulation,
+placed by every strategy like the parameters (a sharding rule that ``re.search`` es
+``dense/kernel`` places ``ema_params/dense/kernel`` too), and saved and resumed by
+checkpoints with the rest of the state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["as_ema_decay", "ema_fields", "initial_ema_params", "update_ema"]
+
+
+def as_ema_decay(value: Any) -> float | None:
+    """The validated ``ema`` option of a state: ``None`` (no average) or a decay in [0, 1).
+
+    Example:
+        >>> as_ema_decay(0.999)
+        0.999
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        raise ValueError(
+            f"ema={value!r}: give the decay of the moving average of the parameters, a "
+            f"number in [0, 1) such as 0.999 (each update keeps that fraction of the "
+            f"average), or None for no average."
+        )
+    return float(value)
+
+
+def initial_ema_params(params: Any) -> Any:
+    """The average before the first update: a copy of ``params`` (its own buffers, so a
+    strategy that donates the state's buffers never donates one twice).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> initial_ema_params({"w": jnp.ones(2)})["w"].tolist()
+        [1.0, 1.0]
+    """
+    return jax.tree.map(lambda p: jnp.array(p, copy=True), params)
+
+
+def ema_fields(params: Any, ema: Any) -> dict[str, Any]:
+    """The fields of a new state with the ``ema`` option: ``ema_decay`` and the initial
+    ``ema_params`` (none without an average).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> sorted(ema_fields({"w": jnp.ones(2)}, 0.9))
+        ['ema_decay', 'ema_params']
+    """
+    decay = as_ema_decay(ema)
+    if decay is None:
+        return {}
+    return {"ema_decay": decay, "ema_params": initial_ema_params(params)}
+
+
+def update_ema(state: Any) -> Any:
+    """``state`` with ``ema_params`` moved towards ``params`` by ``1 - ema_decay`` (in the
+    average's own dtype); ``state`` itself when it keeps no average.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, optax
+        >>> state = ciclo.managed.ManagedState.create(
+        ...     params={"w": jnp.zeros(1)}, tx=optax.sgd(1.0), ema=0.9
+        ... )
+        >>> state = state.apply_gradients({"w": -jnp.ones(1)})  # params: 1.0
+        >>> state.ema_params["w"].tolist()
+        [0.10000000149011612]
+    """
+    decay = getattr(state, "ema_decay", None)
+    if decay is None:
+        return state
+
+    def move(average: Any, param: Any) -> Any:
+        average = jnp.asarray(average)
+        return (average + (1.0 - decay) * (jnp.asarray(param, average.dtype) - average)).astype(
+            average.dtype
+        )
+
+    return state.replace(ema_params=jax.tree.map(move, state.ema_params, state.params))
