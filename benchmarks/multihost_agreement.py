@@ -61,7 +61,10 @@ def _worker(process: int, port: int, tiny: bool, json_path: str | None) -> None:
     def with_ciclo(every):
         def run():
             tasks = {ciclo.every(1): train_step, ciclo.every(time=0.05): tick}
-            s, _, _ = ciclo.loop(state, batches, tasks, agree_every=every)
+            # None: the default, also on an earlier ciclo (run.py --before), whose default
+            # was agree_every=1
+            options = {} if every is None else {"agree_every": every}
+            s, _, _ = ciclo.loop(state, batches, tasks, **options)
             jax.block_until_ready(s.params)
 
         return run

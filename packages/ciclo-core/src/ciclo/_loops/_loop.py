@@ -50,7 +50,7 @@ def loop(
     elapsed: Elapsed | None = None,
     batch_size_fn: Callable[[Any], int] | None = None,
     metadata: Any = None,
-    max_steps_in_flight: int = 8,
+    max_steps_in_flight: int = 2,
     stop_signals: Sequence[signal.Signals] = (signal.SIGINT, signal.SIGTERM),
     resume: str | os.PathLike[str] | None = None,
     resume_stopped: bool = False,
