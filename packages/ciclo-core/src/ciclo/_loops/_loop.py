@@ -225,10 +225,12 @@ def loop(
                 record_ending(loop_state, stop)
             except BaseException as error:
                 lost = None
-                if agreement is not None:  # at once, so the others end too
-                    agreement.fail(error)
+                if agreement is not None:
                     if isinstance(error, Exception) and not isinstance(error, ProcessFailedError):
-                        lost = agreement.lost_process()  # a collective with a dead process?
+                        # A collective with a dead process? Asked while the others still
+                        # beat: once they learn of this error they end, and beat no more.
+                        lost = agreement.lost_process()
+                    agreement.fail(error)  # so the others end too
                 run_end_hooks(end_hooks, loop_state, error)
                 if lost is not None:
                     raise lost from error

@@ -252,6 +252,9 @@ class Agreement:
         process is gone, having stopped beating. Waits until each other process shows a
         sign of life (a heartbeat, about a second) or ``timeout`` passes; returns the error
         that names the silent process, or ``None``."""
+        with contextlib.suppress(Exception):
+            if self._published_fault() is not None:
+                return None  # another process failed first, and said so
         others = [p for p in range(self.count) if p != self.process]
         first = {p: self._heartbeat(p) for p in others}
         start = time.monotonic()
