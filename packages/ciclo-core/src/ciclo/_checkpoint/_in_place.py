@@ -56,17 +56,7 @@ def register_restore_in_place(node_type: type, restore_into: RestoreInto) -> Non
         >>> state["box"] is box, box.value.tolist(), state["n"]
         (True, [1.0, 1.0], 3)
     """
-    if not isinstance(node_type, type):
-        raise TypeError(
-            f"register_restore_in_place(node_type, restore_into): node_type must be a class, "
-            f"got {node_type!r}."
-        )
-    if not callable(restore_into):
-        raise TypeError(
-            f"register_restore_in_place({node_type.__name__}, restore_into): restore_into "
-            f"must be a function (original, restored) -> None, got {restore_into!r}."
-        )
-    register_extra("restore_in_place", node_type, restore_into)
+    register_extra("restore_in_place", node_type, restore_into, argument="restore_into")
 
 
 def restore_in_place(original: Any, restored: Any) -> Any:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
 
-from ._record import EXTRAS, Adapter
+from ._record import EXTRA_SIGNATURES, EXTRAS, Adapter
 
 __all__ = [
     "AdapterNotInstalledError",
@@ -289,16 +289,28 @@ def create_equinox_state(*args: Any, **kwargs: Any) -> Any:
 _REGISTERED_EXTRAS: dict[str, dict[type, Callable[..., Any]]] = {kind: {} for kind in EXTRAS}
 
 
-def register_extra(kind: str, node_type: type, fn: Callable[..., Any]) -> None:
+def register_extra(kind: str, node_type: type, fn: Callable[..., Any], *, argument: str) -> None:
     """Adds ``{node_type: fn}`` to the extra ``kind`` (one of ``Adapter``'s extras) in this
-    process; the public functions that call it check their arguments first.
+    process, for ``register_<kind>(node_type, <argument>)``, whose arguments it checks.
 
     Example:
         >>> class Box: ...
-        >>> register_extra("restore_in_place", Box, lambda original, restored: None)
+        >>> register_extra(
+        ...     "restore_in_place", Box, lambda original, restored: None, argument="restore_into"
+        ... )
         >>> Box in extras("restore_in_place")[0]
         True
     """
+    if not isinstance(node_type, type):
+        raise TypeError(
+            f"register_{kind}(node_type, {argument}): node_type must be a class, got {node_type!r}."
+        )
+    if not callable(fn):
+        signature = EXTRA_SIGNATURES[kind][0]
+        raise TypeError(
+            f"register_{kind}({node_type.__name__}, {argument}): {argument} must be a "
+            f"function {signature}, got {fn!r}."
+        )
     _REGISTERED_EXTRAS[kind][node_type] = fn
 
 

@@ -17,7 +17,8 @@ _BAD_EXTRA = (
     "ciclo.adapters.Adapter({name!r}): {extra} maps classes to functions ({signature}), "
     "got {key!r}: {value!r}. Example: {extra}={{{example}}}."
 )
-_SIGNATURES = {
+#: Each extra's function signature and an example entry, for messages.
+EXTRA_SIGNATURES = {
     "restore_in_place": ("(original, restored) -> None", "nnx.Module: update_in_place"),
     "partition_metadata": ("node -> PartitionSpec | None", "nn.Partitioned: spec_of"),
 }
@@ -79,7 +80,7 @@ class Adapter:
         for extra in EXTRAS:
             for key, value in getattr(self, extra).items():
                 if not isinstance(key, type) or not callable(value):
-                    signature, example = _SIGNATURES[extra]
+                    signature, example = EXTRA_SIGNATURES[extra]
                     raise TypeError(
                         _BAD_EXTRA.format(
                             name=self.name,

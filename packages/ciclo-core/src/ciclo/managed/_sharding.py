@@ -101,17 +101,7 @@ def register_partition_metadata(node_type: type, spec_of: SpecReader) -> None:
         >>> ciclo.managed.partition_specs(params)["w"].value == jax.sharding.PartitionSpec("data")
         True
     """
-    if not isinstance(node_type, type):
-        raise TypeError(
-            f"register_partition_metadata(node_type, spec_of): node_type must be a class, "
-            f"got {node_type!r}."
-        )
-    if not callable(spec_of):
-        raise TypeError(
-            f"register_partition_metadata({node_type.__name__}, spec_of): spec_of must be a "
-            f"function node -> PartitionSpec | None, got {spec_of!r}."
-        )
-    register_extra("partition_metadata", node_type, spec_of)
+    register_extra("partition_metadata", node_type, spec_of, argument="spec_of")
 
 
 def _reader(readers: dict[type, SpecReader], node: Any) -> SpecReader | None:
