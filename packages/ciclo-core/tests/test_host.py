@@ -30,19 +30,25 @@ class FetchSpy:
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Counts ``to_host`` calls and, where JAX lets us, conversions that bypass it."""
+    """Counts ``to_host`` and ``stacked_to_host`` calls and, where JAX lets us, conversions
+    that bypass them."""
     counts = FetchSpy()
-    real_to_host = ciclo._records._host.to_host
+    host = ciclo._records._host
 
-    def to_host(tree):
-        counts.to_host_calls += 1
-        counts.inside += 1
-        try:
-            return real_to_host(tree)
-        finally:
-            counts.inside -= 1
+    def counted(real):
+        def fetch(values):
+            counts.to_host_calls += 1
+            counts.inside += 1
+            try:
+                return real(values)
+            finally:
+                counts.inside -= 1
 
-    monkeypatch.setattr(ciclo._records._host, "to_host", to_host)
+        return fetch
+
+    # The two ways ciclo fetches: a tree, and a history column's backlog as one array.
+    monkeypatch.setattr(host, "to_host", counted(host.to_host))
+    monkeypatch.setattr(host, "stacked_to_host", counted(host.stacked_to_host))
 
     # Every host conversion of a jax.Array (np.asarray, float, bool, .item(), device_get)
     # reads its `_value` property.

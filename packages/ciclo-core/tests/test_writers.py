@@ -260,8 +260,8 @@ def test_profiler_writes_a_trace_of_n_steps(tmp_path):
 
 
 def test_writer_throughput_and_learning_rate_add_no_device_sync_per_step(monkeypatch):
-    """Over 300 steps, values reach the host only in the writer's batched fetches (here at
-    the loop's end), never once per step."""
+    """Over 300 steps, values reach the host only in batched fetches (the writer's, here at
+    the loop's end, and the history's), never once per step."""
     fetches = []
     real = jax.device_get
     monkeypatch.setattr(jax, "device_get", lambda x: fetches.append(1) or real(x))
@@ -273,4 +273,6 @@ def test_writer_throughput_and_learning_rate_add_no_device_sync_per_step(monkeyp
     }
     ciclo.loop(jnp.float32(0), [np.zeros(1)] * 300, tasks)
     assert len(writer.rows) == 300
-    assert len(fetches) <= 3, f"{len(fetches)} fetches in 300 steps"
+    # the writer's fetches, and the history's own every max_pending commits
+    most = 3 + 300 // ciclo.history().max_pending
+    assert len(fetches) <= most, f"{len(fetches)} fetches in 300 steps"

@@ -27,7 +27,7 @@ from ._hooks import steps_per_call
 from ._in_flight import InFlight
 from ._plan import TaskPlan
 from ._state import LoopState
-from ._step import commit, run_callbacks
+from ._step import run_callbacks
 
 __all__ = ["run"]
 
@@ -82,10 +82,11 @@ def run(
                     continue
                 group.run(loop_state, in_flight)
                 group = None
-            if loop_state.has_step_end():
+            # has_step_end() and stop_iteration, read as the slots they are (once per step)
+            if loop_state._step_end:
                 plan.catch_up(elapsed)
                 loop_state.end_step()
-            if loop_state.stop_iteration:
+            if loop_state._stop:
                 break
         if group is not None:
             group.run(loop_state, in_flight)
@@ -117,7 +118,9 @@ def _step(
             run_callbacks((callback,), loop_state)
     else:
         run_callbacks(fired, loop_state)
-    commit(loop_state)
+    logs = loop_state.logs
+    if logs:  # commit(loop_state), inlined (once per step)
+        loop_state.history.commit(loop_state.elapsed, logs)
     in_flight.countdown -= 1  # InFlight.push_tree, inlined: once per step
     if in_flight.countdown == 0:
         in_flight.mark(loop_state.logs, loop_state.state)

@@ -138,8 +138,11 @@ def _from_numpy(values: Any, typecode: str) -> array[Any]:
 class History:
     """The record of a loop: one row per committed step, with its ``elapsed`` and logs.
 
-    Values stay on device when committed and are fetched in batches, at most every
-    ``fetch_interval`` seconds or when read, so committing never forces a per-step sync.
+    Values stay on device when committed and are fetched in batches, every ``max_pending``
+    commits, at most ``fetch_interval`` seconds after the first one, or when read, so
+    committing never forces a per-step sync. (A backlog of thousands of live device arrays
+    costs the steps more than fetching it: 4096 pending added ~2.4 µs a step on the
+    trivial-step benchmark against 256.)
 
     Example:
         >>> import ciclo
@@ -152,7 +155,7 @@ class History:
         ([0, 1, 2], [1.0, 0.5, 0.3333333333333333])
     """
 
-    def __init__(self, *, fetch_interval: float = 0.5, max_pending: int = 4096) -> None:
+    def __init__(self, *, fetch_interval: float = 0.5, max_pending: int = 256) -> None:
         self.fetch_interval = fetch_interval
         self.max_pending = max_pending
         # Every row has its elapsed fields: dense columns from row 0.

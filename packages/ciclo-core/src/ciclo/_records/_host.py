@@ -20,11 +20,10 @@ __all__ = ["to_host", "stacked_to_host", "is_device_array"]
 
 T = TypeVar("T")
 
-# Arrays stacked per transfer: a large chunk for a history's backlog (a stacking call's cost
-# grows with its arguments, so a large one costs less per value: ~1.9 µs against ~3.6 µs
-# per scalar with 64 on 2 CPU cores), a small one for the rest; padded to these sizes so
-# each (shape, dtype) compiles at most twice.
-_CHUNKS = (1024, 64)
+# Arrays stacked per transfer: a large chunk for a history's backlog (its `max_pending`:
+# a stacking call's cost grows with its arguments, so a large one costs less per value), a
+# small one for the rest; padded to these sizes so each (shape, dtype) compiles at most twice.
+_CHUNKS = (256, 64)
 _MIN_GROUP = 8  # below this, fetching one by one is cheaper than a stacking call
 
 _stack = jax.jit(lambda *arrays: jnp.stack(arrays))
