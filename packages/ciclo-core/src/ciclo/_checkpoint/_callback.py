@@ -54,6 +54,22 @@ def _prepare_directory(path: str) -> None:
         ) from error
 
 
+_NO_MONITORED_ENTRY = (
+    "ciclo.checkpoint(monitor={monitor!r}): no log entry {monitor!r} by step {step} "
+    "({missing}). Logged entries: {logged}. Monitor an entry your callbacks log, and "
+    "schedule the checkpoint where it is logged (e.g. after the evaluation)."
+)
+_CHECKPOINTS_OF_LATER_STEPS = (
+    "checkpoint directory {directory!r} already holds checkpoints of later steps {later} "
+    "than this run's step {step}: they come from another run. Resume from them "
+    "(resume=...), or use another directory."
+)
+_PASSED_OVER_SET_ASIDE = (
+    "ciclo.checkpoint: the checkpoints {present} in {directory!r}, passed over on resume "
+    "({reasons}), were set aside as {moved} (not deleted): this run writes those steps anew."
+)
+
+
 class Checkpoint(LoopCallbackBase):
     """A callback that saves the whole run with orbax-checkpoint, so that it can continue
     exactly where it was (``loop(..., resume=directory)``) or be restored
@@ -276,10 +292,12 @@ class Checkpoint(LoopCallbackBase):
         except KeyError as error:
             logged = [f"{c}.{n}" for c, n, _ in loop_state.accumulated_logs.entries()]
             raise KeyError(
-                f"ciclo.checkpoint(monitor={self.monitor!r}): no log entry {self.monitor!r} "
-                f"by step {loop_state.elapsed.steps} ({error.args[0]}). Logged entries: "
-                f"{logged}. Monitor an entry your callbacks log, and schedule the checkpoint "
-                f"where it is logged (e.g. after the evaluation)."
+                _NO_MONITORED_ENTRY.format(
+                    monitor=self.monitor,
+                    step=loop_state.elapsed.steps,
+                    missing=error.args[0],
+                    logged=logged,
+                )
             ) from None
         value = _host.to_host(value)
         try:
@@ -307,10 +325,9 @@ class Checkpoint(LoopCallbackBase):
             later = [s for s in _format.steps_on_disk(manager, self.directory) if s > step]
             if later:
                 raise FileExistsError(
-                    f"checkpoint directory {self.directory!r} already holds checkpoints of "
-                    f"later steps {sorted(later)[:5]} than this run's step {step}: they come "
-                    f"from another run. Resume from them (resume=...), or use another "
-                    f"directory."
+                    _CHECKPOINTS_OF_LATER_STEPS.format(
+                        directory=self.directory, later=sorted(later)[:5], step=step
+                    )
                 )
         if step == self._last_step or step in manager.all_steps():
             if self._ended is loop_state and step == self._end_step:
@@ -368,10 +385,12 @@ class Checkpoint(LoopCallbackBase):
             return
         moved = [_format.set_aside(self.directory, s, passed[s].replace("-", "")) for s in present]
         warnings.warn(
-            f"ciclo.checkpoint: the checkpoints {present} in {self.directory!r}, passed over "
-            f"on resume ({', '.join(passed[s] for s in present)}), were set aside as "
-            f"{[os.path.basename(m) for m in moved]} (not deleted): this run writes those "
-            f"steps anew.",
+            _PASSED_OVER_SET_ASIDE.format(
+                present=present,
+                directory=self.directory,
+                reasons=", ".join(passed[s] for s in present),
+                moved=[os.path.basename(m) for m in moved],
+            ),
             RuntimeWarning,
             stacklevel=2,
         )

@@ -337,6 +337,12 @@ def open_reader(path: str, *, must_exist: bool) -> Any:
 
 
 # --- plain-Python metadata with NumPy arrays ------------------------------------------------
+_NOT_SAVABLE = (
+    "cannot save {where} in a checkpoint: it holds a {kind} ({text!r}). A checkpoint stores "
+    "JSON values (dicts with str keys, lists, str, int, float, bool, None) and NumPy arrays."
+)
+
+
 def _split(value: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
     """``value`` with every NumPy array replaced by a reference into ``arrays`` (for JSON)."""
     if value is None or isinstance(value, str | bool | int | float):
@@ -366,9 +372,7 @@ def _split(value: Any, arrays: dict[str, np.ndarray], where: str) -> Any:
             arrays[ref[_ARRAY]] = array.copy() if isinstance(value, np.ndarray) else array
         return ref
     raise TypeError(
-        f"cannot save {where} in a checkpoint: it holds a {type(value).__name__} "
-        f"({str(value)[:60]!r}). A checkpoint stores JSON values (dicts with str keys, lists, "
-        f"str, int, float, bool, None) and NumPy arrays."
+        _NOT_SAVABLE.format(where=where, kind=type(value).__name__, text=str(value)[:60])
     )
 
 
@@ -464,14 +468,17 @@ def _wrap(tree: Any, treedef: Any) -> Any:
     return {"value": tree} if jax.tree_util.treedef_is_leaf(treedef) else tree
 
 
+_OTHER_STRUCTURE = (
+    "cannot restore {where} into this state: it does not have the structure of the saved one "
+    "({difference}). Restore into a state built exactly like the one that was saved (same "
+    "model, optimizer, e.g. adam vs adamw, and fields); to change the structure, restore into "
+    "the old one and convert it yourself."
+)
+
+
 def structure_error(where: str, difference: str) -> ValueError:
     """The error for a state that does not have the saved structure."""
-    return ValueError(
-        f"cannot restore {where} into this state: it does not have the structure of the "
-        f"saved one ({difference}). Restore into a state built exactly like the one that "
-        f"was saved (same model, optimizer, e.g. adam vs adamw, and fields); to change the "
-        f"structure, restore into the old one and convert it yourself."
-    )
+    return ValueError(_OTHER_STRUCTURE.format(where=where, difference=difference))
 
 
 def _check_structure(saved: list[list[Any]], target: list[list[Any]], where: str) -> None:
@@ -916,14 +923,26 @@ def passed_over(path: str) -> dict[int, str]:
     return dict(_passed_over.get(path, {}))
 
 
+_DAMAGED = (
+    "checkpoint {step} in {path!r} is damaged: cannot read {file!r} ({error_kind}: {error}). "
+    "Restore another step (step=..., this directory holds {others}), or resume=, which falls "
+    "back to the newest intact checkpoint; move {step_directory!r} away to keep it from being "
+    "tried."
+)
+
+
 def _damaged(path: str, step: int, file: str, error: BaseException, steps: list[int]) -> Any:
     others = sorted(s for s in steps if s != step)
     return DamagedCheckpoint(
-        f"checkpoint {step} in {path!r} is damaged: cannot read {file!r} "
-        f"({type(error).__name__}: {str(error)[:200]}). Restore another step "
-        f"(step=..., this directory holds {others}), or resume=, which falls back to "
-        f"the newest intact checkpoint; move {os.path.join(path, str(step))!r} away to "
-        f"keep it from being tried.",
+        _DAMAGED.format(
+            step=step,
+            path=path,
+            file=file,
+            error_kind=type(error).__name__,
+            error=str(error)[:200],
+            others=others,
+            step_directory=os.path.join(path, str(step)),
+        ),
         step=step,
         file=file,
     )
@@ -963,6 +982,12 @@ def record_ending(path: str, step: int, ending: dict[str, Any]) -> None:
     os.replace(partial, os.fspath(meta_file))
 
 
+_NOT_A_CICLO_CHECKPOINT = (
+    "{where} was not written by ciclo.checkpoint (or by an incompatible version: format "
+    "{found}, expected {expected})."
+)
+
+
 def read(manager: Any, path: str, step: int, target: Any, *, copies: bool = True) -> Contents:
     """Reads checkpoint ``step`` of ``manager`` (from :func:`open_reader`) into the
     structure of ``target``; the state-shaped trees of callback states only when
@@ -988,11 +1013,8 @@ def read(manager: Any, path: str, step: int, target: Any, *, copies: bool = True
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         if meta is None or (isinstance(meta, dict) and "format" not in meta):
             raise _damaged(path, step, meta_file, ValueError("no format field"), steps)
-        raise ValueError(
-            f"{where} was not written by ciclo.checkpoint (or by an incompatible version: "
-            f"format {meta.get('format') if isinstance(meta, dict) else None}, expected "
-            f"{FORMAT})."
-        )
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise ValueError(_NOT_A_CICLO_CHECKPOINT.format(where=where, found=found, expected=FORMAT))
     missing = [key for key in _REQUIRED_META if key not in meta]
     if missing:
         raise _damaged(path, step, meta_file, KeyError(f"missing fields {missing}"), steps)
@@ -1053,6 +1075,17 @@ def read(manager: Any, path: str, step: int, target: Any, *, copies: bool = True
 #: The key of the data state of a run of several processes: one state per process.
 PER_PROCESS = "per_process"
 
+_DATA_STATE_NOT_JSON = (
+    "with several processes, a dataset's state_dict() must hold JSON values (numbers, "
+    "strings, lists, dicts) so that process 0 can save every process's state: {error}. "
+    "Return plain values from the dataset's state_dict()."
+)
+_OTHER_PROCESS_COUNT = (
+    "the checkpoint holds the dataset states of {saved} processes, and this run has "
+    "{running}: resume with as many processes as the interrupted run (each continues its "
+    "own part of the data)."
+)
+
 
 def _gather_data_state(state: Any) -> list[Any]:
     """Every process's dataset ``state_dict()``, in process order (each process draws its
@@ -1060,11 +1093,7 @@ def _gather_data_state(state: Any) -> list[Any]:
     try:
         return gather_to_all("data-state", _json_ready(state))
     except TypeError as error:
-        raise TypeError(
-            f"with several processes, a dataset's state_dict() must hold JSON values (numbers, "
-            f"strings, lists, dicts) so that process 0 can save every process's state: "
-            f"{error}. Return plain values from the dataset's state_dict()."
-        ) from None
+        raise TypeError(_DATA_STATE_NOT_JSON.format(error=error)) from None
 
 
 def _json_ready(value: Any) -> Any:
@@ -1084,9 +1113,7 @@ def _own_data_state(saved: Any) -> Any:
     states = saved[PER_PROCESS]
     if len(states) != jax.process_count():
         raise ValueError(
-            f"the checkpoint holds the dataset states of {len(states)} processes, and this run "
-            f"has {jax.process_count()}: resume with as many processes as the interrupted run "
-            "(each continues its own part of the data)."
+            _OTHER_PROCESS_COUNT.format(saved=len(states), running=jax.process_count())
         )
     return states[jax.process_index()]
 
@@ -1139,6 +1166,13 @@ def is_finite_step(manager: Any, step: int) -> bool:
         return True
 
 
+_NON_FINITE_PASSED_OVER = (
+    "ciclo: checkpoints {nonfinite} in {path!r} hold a non-finite state (NaN or inf, saved "
+    "when the run stopped); reading checkpoint {step}, the newest finite one. They are left "
+    "in place: restore(step=...) reads them."
+)
+
+
 def read_newest(manager: Any, path: str, target: Any, *, copies: bool = True) -> Contents:
     """Reads the newest intact checkpoint of a finite state (:func:`read`).
 
@@ -1174,9 +1208,7 @@ def read_newest(manager: Any, path: str, target: Any, *, copies: bool = True) ->
             skipped[later] = "non-finite"
         if nonfinite:
             warnings.warn(
-                f"ciclo: checkpoints {sorted(nonfinite)} in {path!r} hold a non-finite state "
-                f"(NaN or inf, saved when the run stopped); reading checkpoint {step}, the "
-                f"newest finite one. They are left in place: restore(step=...) reads them.",
+                _NON_FINITE_PASSED_OVER.format(nonfinite=sorted(nonfinite), path=path, step=step),
                 RuntimeWarning,
                 stacklevel=3,
             )

@@ -114,6 +114,14 @@ def acquire(directory: str) -> bool:
     return True
 
 
+_IN_USE = (
+    "checkpoint directory {directory!r} is in use by another run: process {pid} on host "
+    "{host!r}{started} writes to it (lock file {lock!r}). Two runs writing one directory "
+    "delete each other's checkpoints: give this run another directory, or stop the other "
+    "one. If that process is gone (e.g. its host died), delete the lock file."
+)
+
+
 def _take(directory: str) -> None:
     for _ in range(20):  # a lock released or taken over between two looks: look again
         if _create(directory):
@@ -142,11 +150,13 @@ def _take(directory: str) -> None:
             else ""
         )
         raise RuntimeError(
-            f"checkpoint directory {directory!r} is in use by another run: process {pid} on "
-            f"host {host!r}{started} writes to it (lock file {_lock_path(directory)!r}). "
-            f"Two runs writing one directory delete each other's checkpoints: give this run "
-            f"another directory, or stop the other one. If that process is gone (e.g. its "
-            f"host died), delete the lock file."
+            _IN_USE.format(
+                directory=directory,
+                pid=pid,
+                host=host,
+                started=started,
+                lock=_lock_path(directory),
+            )
         )
     raise RuntimeError(
         f"could not take the lock of checkpoint directory {directory!r}: other processes "

@@ -41,6 +41,19 @@ from ._in_place import restore_in_place
 
 __all__ = ["resume", "load_tasks", "skip_consumed"]
 
+_SAME_TASKS_FIX = (
+    "Resume with the same tasks (schedules and callbacks, in the same order) as the "
+    "interrupted run."
+)
+_OTHER_KIND_OF_SCHEDULE = (
+    "cannot restore schedule {schedule!r} (task {task}) from {where}: the checkpoint holds the "
+    "state of another kind of schedule there ({saved}). " + _SAME_TASKS_FIX
+)
+_DATASET_NOT_STATEFUL = (
+    "the checkpoint holds the dataset's state_dict(), but this dataset ({kind}) has no "
+    "load_state_dict(): resume with the same kind of dataset as the interrupted run."
+)
+
 
 def load_tasks(
     tasks: Sequence[tuple[Any, Sequence[Any]]], contents: _format.Contents, where: str
@@ -50,23 +63,20 @@ def load_tasks(
     Raises:
         ValueError: ``tasks`` are not those of the run that wrote the checkpoint.
     """
-    fix = (
-        "Resume with the same tasks (schedules and callbacks, in the same order) as the "
-        "interrupted run."
-    )
     saved_schedules = contents.schedules
     if len(saved_schedules) != len(tasks):
         raise ValueError(
             f"{where} was written by a loop with {len(saved_schedules)} tasks; this loop has "
-            f"{len(tasks)}. {fix}"
+            f"{len(tasks)}. {_SAME_TASKS_FIX}"
         )
     for i, ((schedule, _), saved) in enumerate(zip(tasks, saved_schedules, strict=True)):
         try:
             schedule.load_state_dict(saved)
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(
-                f"cannot restore schedule {schedule!r} (task {i}) from {where}: the checkpoint "
-                f"holds the state of another kind of schedule there ({str(saved)[:80]}). {fix}"
+                _OTHER_KIND_OF_SCHEDULE.format(
+                    schedule=schedule, task=i, where=where, saved=str(saved)[:80]
+                )
             ) from error
     owners = _format.stateful_callbacks(tasks)
     names = [_format.callback_name(owner) for owner in owners]
@@ -74,7 +84,7 @@ def load_tasks(
     if names != saved_names:
         raise ValueError(
             f"{where} holds the state of callbacks {saved_names}; this loop's stateful "
-            f"callbacks are {names}. {fix}"
+            f"callbacks are {names}. {_SAME_TASKS_FIX}"
         )
     for owner, (_, state) in zip(owners, contents.callbacks, strict=True):
         owner.load_state_dict(state)
@@ -89,11 +99,7 @@ def skip_consumed(dataset: Any, position: int, state: Any) -> Iterable[Any]:
     """
     if state is not None:
         if not _format.is_stateful_dataset(dataset):
-            raise TypeError(
-                f"the checkpoint holds the dataset's state_dict(), but this dataset "
-                f"({type(dataset).__name__}) has no load_state_dict(): resume with the same "
-                f"kind of dataset as the interrupted run."
-            )
+            raise TypeError(_DATASET_NOT_STATEFUL.format(kind=type(dataset).__name__))
         dataset.load_state_dict(state)
         return dataset  # type: ignore[no-any-return]
     if position <= 0:

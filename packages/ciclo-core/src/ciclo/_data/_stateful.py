@@ -33,6 +33,16 @@ def _decode(saved: Mapping[str, Any]) -> Any:
     return json.loads(str(saved["json"]))
 
 
+_NOT_ITERABLE = (
+    "stateful_dataset: {kind} is not iterable; give a Grain DataLoader, IterDataset or "
+    "DatasetIterator (an iterator with get_state() and set_state())."
+)
+_ITERATOR_WITHOUT_STATE = (
+    "stateful_dataset: the iterator of {kind} ({iterator}) has no get_state()/set_state(); "
+    "a Grain DataLoader or IterDataset has them."
+)
+
+
 class StatefulDataset:
     """Iterates ``source`` through one iterator whose state a checkpoint holds; made by
     :func:`stateful_dataset`.
@@ -45,11 +55,7 @@ class StatefulDataset:
 
     def __init__(self, source: Any) -> None:
         if not (_has_state(source) or callable(getattr(source, "__iter__", None))):
-            raise TypeError(
-                f"stateful_dataset: {type(source).__name__} is not iterable; give a Grain "
-                "DataLoader, IterDataset or DatasetIterator (an iterator with get_state() and "
-                "set_state())."
-            )
+            raise TypeError(_NOT_ITERABLE.format(kind=type(source).__name__))
         self.source = source
         self.drawn = 0
         self._iterator: Any = None
@@ -61,9 +67,9 @@ class StatefulDataset:
             iterator = self.source if _has_state(self.source) else iter(self.source)
             if not _has_state(iterator):
                 raise TypeError(
-                    f"stateful_dataset: the iterator of {type(self.source).__name__} "
-                    f"({type(iterator).__name__}) has no get_state()/set_state(); a Grain "
-                    "DataLoader or IterDataset has them."
+                    _ITERATOR_WITHOUT_STATE.format(
+                        kind=type(self.source).__name__, iterator=type(iterator).__name__
+                    )
                 )
             self._iterator = iterator
         return self._iterator

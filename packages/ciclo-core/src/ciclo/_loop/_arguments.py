@@ -13,6 +13,20 @@ from .._time._elapsed import Elapsed, checked_batch_size_fn
 
 __all__ = ["check_arguments", "check_dataset", "checked_batch_size_fn", "is_empty"]
 
+_NOT_ELAPSED = (
+    "loop(elapsed={elapsed!r}): expected a ciclo.Elapsed (what an earlier loop returned, e.g. "
+    "state, history, elapsed = ciclo.loop(...)) or None, got {kind}."
+)
+_NOT_SIGNALS = (
+    "loop(stop_signals={stop_signals!r}): expected a tuple of signal.Signals, e.g. "
+    "stop_signals=(signal.SIGINT, signal.SIGTERM), or () for none; not names or numbers."
+)
+_EXHAUSTED_GENERATOR = (
+    "loop(dataset=...) is a generator that is already exhausted (an earlier loop or a list() "
+    "consumed it), so it would yield no batch. A generator runs once: call its function again "
+    "for a new one, or give a list or another re-iterable dataset."
+)
+
 
 def check_arguments(history: Any, elapsed: Any, batch_size_fn: Any, stop_signals: Any) -> None:
     """Raises a ``TypeError`` naming the argument and the fix when one has the wrong type.
@@ -29,11 +43,7 @@ def check_arguments(history: Any, elapsed: Any, batch_size_fn: Any, stop_signals
             f"returned) or None, got {type(history).__name__}."
         )
     if elapsed is not None and not isinstance(elapsed, Elapsed):
-        raise TypeError(
-            f"loop(elapsed={elapsed!r}): expected a ciclo.Elapsed (what an earlier loop "
-            f"returned, e.g. state, history, elapsed = ciclo.loop(...)) or None, got "
-            f"{type(elapsed).__name__}."
-        )
+        raise TypeError(_NOT_ELAPSED.format(elapsed=elapsed, kind=type(elapsed).__name__))
     if batch_size_fn is not None and not callable(batch_size_fn):
         raise TypeError(
             f"loop(batch_size_fn={batch_size_fn!r}): expected a function batch -> int (the "
@@ -42,11 +52,7 @@ def check_arguments(history: Any, elapsed: Any, batch_size_fn: Any, stop_signals
     if isinstance(stop_signals, str | int) or not all(
         isinstance(s, signal.Signals) for s in _items(stop_signals)
     ):
-        raise TypeError(
-            f"loop(stop_signals={stop_signals!r}): expected a tuple of signal.Signals, e.g. "
-            f"stop_signals=(signal.SIGINT, signal.SIGTERM), or () for none; not names or "
-            f"numbers."
-        )
+        raise TypeError(_NOT_SIGNALS.format(stop_signals=stop_signals))
 
 
 def _items(value: Any) -> list[Any]:
@@ -77,11 +83,7 @@ def check_dataset(dataset: Any) -> None:
             stacklevel=3,
         )
     if inspect.isgenerator(dataset) and inspect.getgeneratorstate(dataset) == "GEN_CLOSED":
-        raise ValueError(
-            "loop(dataset=...) is a generator that is already exhausted (an earlier loop or a "
-            "list() consumed it), so it would yield no batch. A generator runs once: call its "
-            "function again for a new one, or give a list or another re-iterable dataset."
-        )
+        raise ValueError(_EXHAUSTED_GENERATOR)
 
 
 def is_empty(dataset: Any) -> bool:

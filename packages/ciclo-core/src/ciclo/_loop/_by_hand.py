@@ -20,6 +20,12 @@ __all__ = ["call_by_hand"]
 #: The batch of a call by hand made without ``batch=``: one step, no samples.
 _NO_BATCH: Any = type("NoBatch", (), {"__repr__": lambda self: "NO_BATCH"})()
 
+_BAD_KEYWORD = "{who} called by hand takes (elapsed, {names}, batch=None); got {problem} {name!r}."
+_NOT_ELAPSED_FIRST = (
+    "{who} called by hand takes an Elapsed first (what ciclo.elapse yields), got {given}. "
+    "Example: for elapsed, batch in ciclo.elapse(data): ...; callback(elapsed, {names})."
+)
+
 
 def call_by_hand(
     callback: Any, names: tuple[str, ...] | None, elapsed: Any, args: Any, kwargs: Any
@@ -49,19 +55,16 @@ def call_by_hand(
     given = dict(zip(names, args, strict=False))
     for name, value in kwargs.items():
         if name not in (*names, "batch") or name in given:
+            problem = "a second value for" if name in given else "an unknown argument"
             raise TypeError(
-                f"{who} called by hand takes (elapsed, {', '.join(names)}, batch=None); "
-                f"got {'a second value for' if name in given else 'an unknown argument'} "
-                f"{name!r}."
+                _BAD_KEYWORD.format(who=who, names=", ".join(names), problem=problem, name=name)
             )
         given[name] = value
     if isinstance(elapsed, int) and not isinstance(elapsed, bool):
         elapsed = Elapsed.create(steps=elapsed)
     if not isinstance(elapsed, Elapsed):
         raise TypeError(
-            f"{who} called by hand takes an Elapsed first (what ciclo.elapse yields), got "
-            f"{describe(elapsed)}. Example: for elapsed, batch in ciclo.elapse(data): "
-            f"...; callback(elapsed, {', '.join(names)})."
+            _NOT_ELAPSED_FIRST.format(who=who, given=describe(elapsed), names=", ".join(names))
         )
     batch = given.get("batch")
     loop_state: LoopState | None = getattr(callback, "_by_hand_loop", None)

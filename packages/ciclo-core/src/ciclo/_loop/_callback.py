@@ -42,6 +42,25 @@ _NOT_THE_STATE = {
     "batch": "the batch is the second argument",
     "loop_state": "the LoopState is the fourth argument",
 }
+_TOO_MANY_ARGUMENTS = (
+    "callback {name}{signature} needs {required} positional arguments, but a loop passes at "
+    "most 4: the first 0-4 of (state, batch, elapsed, loop_state). Example: def "
+    "{function}(state, batch, elapsed, loop_state): ..."
+)
+_KEYWORD_ONLY_ARGUMENTS = (
+    "callback {name}{signature} needs keyword-only arguments {keyword_only}, but a loop passes "
+    "only positional ones: the first 0-4 of (state, batch, elapsed, loop_state). Give them "
+    "defaults or bind them with functools.partial."
+)
+_ONE_ARGUMENT_NOT_THE_STATE = (
+    "callback {name}({arg}) takes one argument named {arg!r}, but a loop passes the first "
+    "0-4 of (state, batch, elapsed, loop_state) by position: a one-argument callback gets the "
+    "state ({reason}). Take the arguments up to it: def {function}({fix}): ..."
+)
+_NOT_A_CALLBACK = (
+    "{fn!r} is not a callback: give a function taking the first 0-4 of (state, batch, "
+    "elapsed, loop_state), or an object with a __loop_callback__(loop_state) method."
+)
 
 
 class LoopInterrupted(Exception):
@@ -83,15 +102,14 @@ def positional_arity(fn: Callable[..., Any]) -> int:
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
     required = [p for p in params if p.default is p.empty]
-    example = (
-        f"Example: def {getattr(fn, '__name__', 'callback')}(state, batch, elapsed, "
-        f"loop_state): ..."
-    )
     if len(required) > 4:
         raise TypeError(
-            f"callback {name}{signature} needs {len(required)} positional arguments, but a "
-            f"loop passes at most 4: the first 0-4 of (state, batch, elapsed, loop_state). "
-            f"{example}"
+            _TOO_MANY_ARGUMENTS.format(
+                name=name,
+                signature=signature,
+                required=len(required),
+                function=getattr(fn, "__name__", "callback"),
+            )
         )
     keyword_only = [
         p.name
@@ -100,9 +118,9 @@ def positional_arity(fn: Callable[..., Any]) -> int:
     ]
     if keyword_only:
         raise TypeError(
-            f"callback {name}{signature} needs keyword-only arguments {keyword_only}, but a "
-            f"loop passes only positional ones: the first 0-4 of (state, batch, elapsed, "
-            f"loop_state). Give them defaults or bind them with functools.partial."
+            _KEYWORD_ONLY_ARGUMENTS.format(
+                name=name, signature=signature, keyword_only=keyword_only
+            )
         )
     if any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values()):
         return 4
@@ -151,10 +169,13 @@ def check_single_argument(fn: Callable[..., Any]) -> None:
         wanted = ("state", "batch", "elapsed", "loop_state")
         fix = ", ".join(wanted[: wanted.index(arg) + 1])
         raise TypeError(
-            f"callback {callback_name(fn)}({arg}) takes one argument named {arg!r}, but a loop "
-            f"passes the first 0-4 of (state, batch, elapsed, loop_state) by position: a "
-            f"one-argument callback gets the state ({_NOT_THE_STATE[arg]}). Take the "
-            f"arguments up to it: def {getattr(fn, '__name__', 'callback')}({fix}): ..."
+            _ONE_ARGUMENT_NOT_THE_STATE.format(
+                name=callback_name(fn),
+                arg=arg,
+                reason=_NOT_THE_STATE[arg],
+                function=getattr(fn, "__name__", "callback"),
+                fix=fix,
+            )
         )
 
 
@@ -240,11 +261,7 @@ class Callback:
             if self.arity == 1:
                 check_single_argument(fn)
         else:
-            raise TypeError(
-                f"{fn!r} is not a callback: give a function taking the first 0-4 of "
-                f"(state, batch, elapsed, loop_state), or an object with a "
-                f"__loop_callback__(loop_state) method."
-            )
+            raise TypeError(_NOT_A_CALLBACK.format(fn=fn))
 
     def __call__(self, loop_state: LoopState) -> tuple[Logs | None, Any]:
         arity = self.arity

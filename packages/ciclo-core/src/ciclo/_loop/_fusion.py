@@ -118,16 +118,18 @@ class Group:
         _run_observers(self.observers, loop_state)
 
 
+_OBSERVER_CHANGED = (
+    "callback {name} is marked __loop_observer__ = True (it only reads the loop), but "
+    "returned logs or a state; remove the marker or the return value."
+)
+
+
 def _run_observers(observers: list[Callback], loop_state: LoopState) -> None:
     """Runs observers after a fused group was committed; they may not change anything."""
     for callback in observers:
         logs, state = callback(loop_state)
         if logs or state is not NO_CHANGE:
-            raise TypeError(
-                f"callback {callback.name} is marked __loop_observer__ = True (it only reads "
-                f"the loop), but returned logs or a state; remove the marker or the return "
-                f"value."
-            )
+            raise TypeError(_OBSERVER_CHANGED.format(name=callback.name))
 
 
 @jax.jit

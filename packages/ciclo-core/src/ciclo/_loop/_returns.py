@@ -24,6 +24,16 @@ _LOGS_HELP = (
     "Logs are ciclo.logs(), a dict {collection: {name: value}} (e.g. {'metrics': "
     "{'accuracy': acc}}) or, in a tuple, a flat dict {name: array} (read as metrics)."
 )
+_NOT_A_STATE = (
+    "{who} returned a {kind} ({text!r}), which cannot be a state ({described}): a {caller} "
+    "returns (logs, state), (outputs, logs, state), logs, a state or None. {logs_help} Return "
+    "None, logs, (logs, state) or a new state (a pytree of arrays)."
+)
+_DICT_NOT_LOGS = (
+    "{who} returned a dict that is not logs: {described}. {logs_help} Returned on its own, a "
+    "dict is logs only when keyed by ciclo's collections {collections}. To return a new state "
+    "on its own, return (None, state)."
+)
 
 
 def as_logs(value: Any, not_logs: Callable[[Any], str]) -> Logs:
@@ -128,15 +138,22 @@ def parse_return(out: Any, who: str, kind: str = "callback") -> tuple[Logs | Non
         return (out if isinstance(out, Logs) else Logs(out)), NO_CHANGE
     if isinstance(out, list | str | bytes | set | frozenset):
         raise TypeError(
-            f"{who} returned a {type(out).__name__} ({str(out)[:40]!r}), which cannot be a "
-            f"state ({describe(out)}): a {kind} returns (logs, state), (outputs, logs, "
-            f"state), logs, a state or None. {_LOGS_HELP} Return None, logs, (logs, state) "
-            f"or a new state (a pytree of arrays)."
+            _NOT_A_STATE.format(
+                who=who,
+                kind=type(out).__name__,
+                text=str(out)[:40],
+                described=describe(out),
+                caller=kind,
+                logs_help=_LOGS_HELP,
+            )
         )
     if isinstance(out, Mapping):
         raise TypeError(
-            f"{who} returned a dict that is not logs: {describe(out)}. {_LOGS_HELP} "
-            f"Returned on its own, a dict is logs only when keyed by ciclo's collections "
-            f"{sorted(COLLECTIONS)}. To return a new state on its own, return (None, state)."
+            _DICT_NOT_LOGS.format(
+                who=who,
+                described=describe(out),
+                logs_help=_LOGS_HELP,
+                collections=sorted(COLLECTIONS),
+            )
         )
     return None, out

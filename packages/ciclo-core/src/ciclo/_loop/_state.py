@@ -98,6 +98,10 @@ def run_ending(loop_state: LoopState, stop_reached: bool) -> dict[str, Any] | No
 
 #: How the warning of a dataset that ended before ``stop`` begins.
 DATA_ENDED = "ciclo: the dataset ended"
+_DATA_ENDED_BEFORE_STOP = DATA_ENDED + (
+    " after {drawn} batches (step {step}), before stop={stop} was reached: the run ends here. "
+    "Give more data (more epochs, a repeated dataset) or a smaller stop."
+)
 
 
 def record_ending(loop_state: LoopState, stop: int | Period | None) -> None:
@@ -115,9 +119,7 @@ def record_ending(loop_state: LoopState, stop: int | Period | None) -> None:
             else "ciclo.at({})".format(", ".join(f"{k}={v:g}" for k, v in period.fields().items()))
         )
         warnings.warn(
-            f"{DATA_ENDED} after {drawn} batches (step {loop_state.elapsed.steps}), before "
-            f"stop={shown} was reached: the run ends here. Give more data (more epochs, a "
-            f"repeated dataset) or a smaller stop.",
+            _DATA_ENDED_BEFORE_STOP.format(drawn=drawn, step=loop_state.elapsed.steps, stop=shown),
             RuntimeWarning,
             stacklevel=4,
         )

@@ -24,6 +24,10 @@ _ONE_PASS = (
     "batches, a Grain MapDataset), or a zero-argument function returning a fresh one, "
     "called for each epoch: train_loop(state, lambda: make_batches(x, y), epochs={epochs})."
 )
+_FUNCTION_NOT_A_DATASET = (
+    "train_loop(epochs={epochs}): train_dataset() returned a {kind}, not a dataset; the "
+    "function must return an iterable of batches (it is called for each epoch)."
+)
 
 
 def _fresh(data: Any) -> Callable[[], Iterable[Any]]:
@@ -162,9 +166,7 @@ def epochs_dataset(data: Any, epochs: int) -> tuple[Iterable[Any], int | None]:
         first = data()
         if not hasattr(first, "__iter__"):
             raise TypeError(
-                f"train_loop(epochs={epochs}): train_dataset() returned a "
-                f"{type(first).__name__}, not a dataset; the function must return an "
-                f"iterable of batches (it is called for each epoch)."
+                _FUNCTION_NOT_A_DATASET.format(epochs=epochs, kind=type(first).__name__)
             )
     else:
         raise TypeError(

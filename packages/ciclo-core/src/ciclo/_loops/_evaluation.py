@@ -156,6 +156,12 @@ class _Reiterated:
         return f"<the {type(self.dataset).__name__} given>"
 
 
+_FRESH_DATASET_FIX = (
+    "Give a zero-argument function returning a fresh one (it is called {when}), e.g. "
+    "{where}=lambda: make_batches(x_test, y_test), or a re-iterable dataset such as a list."
+)
+
+
 def dataset_factory(
     value: Any, where: str, when: str, who: str = ""
 ) -> Callable[[], Iterable[Any]]:
@@ -174,11 +180,7 @@ def dataset_factory(
     """  # noqa: E501
     if callable(value):
         return value  # type: ignore[no-any-return]
-    fix = (
-        f"Give a zero-argument function returning a fresh one (it is called {when}), e.g. "
-        f"{where}=lambda: make_batches(x_test, y_test), or a re-iterable dataset such as a "
-        f"list."
-    )
+    fix = _FRESH_DATASET_FIX.format(when=when, where=where)
     try:
         iterator = iter(value)
     except TypeError:
@@ -215,6 +217,15 @@ def _same_function(a: Any, b: Any) -> bool:
         return False
 
 
+_LATE_BINDING = (
+    "test_dataset[{first!r}] and test_dataset[{second!r}] are the same function of the same "
+    "values, so both would evaluate the same data: Python binds a lambda's variables when it "
+    "is called, not when it is made, so lambdas made in a loop all see the loop's last value. "
+    "Bind the value as a default: {{name: lambda name=name: make_batches(name) for name in "
+    "names}}, or use functools.partial(make_batches, name)."
+)
+
+
 def _check_late_binding(factories: Mapping[str, Any]) -> None:
     """Rejects evaluation sets whose factories are the same function over the same values:
     Python's late binding, as in ``{name: lambda: batches(data[name]) for name in names}``,
@@ -231,11 +242,4 @@ def _check_late_binding(factories: Mapping[str, Any]) -> None:
     for i, first in enumerate(names):
         for second in names[i + 1 :]:
             if _same_function(factories[first], factories[second]):
-                raise ValueError(
-                    f"test_dataset[{first!r}] and test_dataset[{second!r}] are the same "
-                    f"function of the same values, so both would evaluate the same data: "
-                    f"Python binds a lambda's variables when it is called, not when it is "
-                    f"made, so lambdas made in a loop all see the loop's last value. Bind "
-                    f"the value as a default: {{name: lambda name=name: make_batches(name) "
-                    f"for name in names}}, or use functools.partial(make_batches, name)."
-                )
+                raise ValueError(_LATE_BINDING.format(first=first, second=second))

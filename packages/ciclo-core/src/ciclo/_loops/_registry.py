@@ -96,6 +96,18 @@ def _overrides_default_schedule(obj: Any) -> bool:
 
 _STEP_SLOT = object()  # where the step schedule's callbacks go among ordinary tasks
 
+_NO_HOOK = (
+    "callback {name} has no hook that {loop} calls ({has}). An object in callbacks=[...] "
+    "needs a method named after a schedule of {loop} ({schedules}), e.g. "
+    "`def on_epoch_end(self, state, batch, elapsed, loop_state): ...`, or a "
+    "default_schedule() (a ciclo.LoopCallbackBase). Functions and other objects go in tasks "
+    "under a schedule: tasks={{ciclo.every(100): callback}}."
+)
+_NO_STEP = (
+    "{loop} has no {method}: give tasks={{ciclo.{step}: {method}}} (a function taking the "
+    "first 0-4 of (state, batch, elapsed, loop_state)), or a state with a `{method}` method."
+)
+
 
 class Registry:
     """The callbacks of one predefined loop, sorted by named schedule.
@@ -194,12 +206,12 @@ class Registry:
                 continue
             has = f"its hooks are {', '.join(hooks)}" if hooks else "it has no hook method"
             raise TypeError(
-                f"callback {callback_name(obj)} has no hook that {self.loop_name} calls ({has}). "
-                f"An object in callbacks=[...] needs a method named after a schedule of "
-                f"{self.loop_name} ({', '.join(self.names)}), e.g. "
-                f"`def on_epoch_end(self, state, batch, elapsed, loop_state): ...`, or a "
-                f"default_schedule() (a ciclo.LoopCallbackBase). Functions and other objects go "
-                f"in tasks under a schedule: tasks={{ciclo.every(100): callback}}."
+                _NO_HOOK.format(
+                    name=callback_name(obj),
+                    loop=self.loop_name,
+                    has=has,
+                    schedules=", ".join(self.names),
+                )
             )
 
     def step_tasks(self) -> list[tuple[Any, list[Any]]]:
@@ -213,9 +225,7 @@ class Registry:
         """Raises when the loop has nothing to run at its step."""
         if not self.step_phase:
             raise ValueError(
-                f"{self.loop_name} has no {method}: give tasks={{ciclo.{self.step_name}: "
-                f"{method}}} (a function taking the first 0-4 of (state, batch, elapsed, "
-                f"loop_state)), or a state with a `{method}` method."
+                _NO_STEP.format(loop=self.loop_name, method=method, step=self.step_name)
             )
 
 

@@ -28,6 +28,12 @@ from ._test import evaluate_dataset
 
 __all__ = ["train_loop"]
 
+_EPOCHS_AND_EPOCH_DURATION = (
+    "train_loop(epochs={epochs!r}, epoch_duration={epoch_duration!r}): give one. epochs makes "
+    "each epoch one pass over train_dataset; epoch_duration cuts one pass over it into epochs "
+    "of that length."
+)
+
 
 def train_loop(
     state: Any,
@@ -182,9 +188,7 @@ def train_loop(
     if epochs is not None:
         if epoch_duration is not None:
             raise ValueError(
-                f"train_loop(epochs={epochs!r}, epoch_duration={epoch_duration!r}): give one. "
-                f"epochs makes each epoch one pass over train_dataset; epoch_duration cuts "
-                f"one pass over it into epochs of that length."
+                _EPOCHS_AND_EPOCH_DURATION.format(epochs=epochs, epoch_duration=epoch_duration)
             )
         if stop is not None:
             raise ValueError(
@@ -439,15 +443,17 @@ def _check_keywords(loop_kwargs: Mapping[str, Any]) -> None:
         raise TypeError(f"train_loop() got an unexpected keyword argument {key!r}.{hint}")
 
 
+_ARRAY_AS_TASKS = (
+    "train_loop(state, x, y): the third argument is tasks (a dict {{schedule: callbacks}}), got "
+    "an array of shape {shape}, as in Keras' fit(x, y). ciclo trains on a dataset of batches: "
+    "give train_dataset=[(x[i : i + 64], y[i : i + 64]) for i in range(0, len(x), 64)] (or a "
+    "function returning batches), with epochs=..."
+)
+
+
 def _check_tasks(tasks: Any) -> None:
     """Names ``train_loop(state, x, y)``, Keras' ``fit(x, y)``: ``y`` lands in ``tasks``."""
     if tasks is None or isinstance(tasks, Mapping):
         return
     if hasattr(tasks, "shape") and hasattr(tasks, "dtype"):
-        raise TypeError(
-            f"train_loop(state, x, y): the third argument is tasks (a dict {{schedule: "
-            f"callbacks}}), got an array of shape {tuple(tasks.shape)}, as in Keras' "
-            f"fit(x, y). ciclo trains on a dataset of batches: give train_dataset=[(x[i : i + "
-            f"64], y[i : i + 64]) for i in range(0, len(x), 64)] (or a function returning "
-            f"batches), with epochs=..."
-        )
+        raise TypeError(_ARRAY_AS_TASKS.format(shape=tuple(tasks.shape)))

@@ -69,6 +69,13 @@ def installed_adapters() -> list[str]:
     return sorted({ep.name for ep in _entry_points()} | set(_REGISTERED))
 
 
+_NOT_AN_ADAPTER_RECORD = (
+    "register_adapter needs a ciclo.adapters.Adapter record, got {kind}. Example: "
+    "register_adapter(ciclo.adapters.Adapter(name=..., distribution=..., handles=..., "
+    "create_state=...))."
+)
+
+
 def register_adapter(adapter: Adapter) -> Adapter:
     """Registers ``adapter`` in this process, without installing a package: for an adapter
     defined in a script, a notebook or a test (an installed adapter registers itself under
@@ -93,11 +100,7 @@ def register_adapter(adapter: Adapter) -> Adapter:
         True
     """
     if not isinstance(adapter, Adapter):
-        raise TypeError(
-            f"register_adapter needs a ciclo.adapters.Adapter record, got "
-            f"{type(adapter).__name__}. Example: register_adapter(ciclo.adapters.Adapter("
-            f"name=..., distribution=..., handles=..., create_state=...))."
-        )
+        raise TypeError(_NOT_AN_ADAPTER_RECORD.format(kind=type(adapter).__name__))
     installed = [ep for ep in _entry_points() if ep.name == adapter.name]
     if installed:
         raise ValueError(
@@ -114,6 +117,16 @@ def _install_hint(name: str) -> str:
     if distribution:
         return f"pip install {distribution}"
     return f"install the package that registers the {name!r} ciclo adapter"
+
+
+_ADAPTER_IMPORT_FAILED = (
+    "the ciclo adapter {name!r} ({entry_point}) failed to import: {error_kind}: {error}. "
+    "Reinstall or upgrade it: {fix}."
+)
+_ENTRY_POINT_NOT_AN_ADAPTER = (
+    "the ciclo adapter entry point {entry_point} must point to a ciclo.adapters.Adapter, but "
+    'it loads {kind}. Point it at the record, e.g. {name} = "my_adapter:adapter".'
+)
 
 
 def get_adapter(name: str) -> Adapter:
@@ -150,15 +163,19 @@ def get_adapter(name: str) -> Adapter:
         adapter = entry_point.load()
     except Exception as error:
         raise AdapterLoadError(
-            f"the ciclo adapter {name!r} ({_describe(entry_point)}) failed to import: "
-            f"{type(error).__name__}: {error}. Reinstall or upgrade it: "
-            f"{_install_hint(name).replace('pip install', 'pip install -U')}."
+            _ADAPTER_IMPORT_FAILED.format(
+                name=name,
+                entry_point=_describe(entry_point),
+                error_kind=type(error).__name__,
+                error=error,
+                fix=_install_hint(name).replace("pip install", "pip install -U"),
+            )
         ) from error
     if not isinstance(adapter, Adapter):
         raise AdapterLoadError(
-            f"the ciclo adapter entry point {_describe(entry_point)} must point to a "
-            f"ciclo.adapters.Adapter, but it loads {type(adapter).__name__}. Point it at the "
-            f'record, e.g. {name} = "my_adapter:adapter".'
+            _ENTRY_POINT_NOT_AN_ADAPTER.format(
+                entry_point=_describe(entry_point), kind=type(adapter).__name__, name=name
+            )
         )
     _LOADED[name] = adapter
     return adapter
@@ -168,6 +185,18 @@ def _describe(entry_point: metadata.EntryPoint) -> str:
     dist = getattr(entry_point, "dist", None)
     origin = f" from {dist.name} {dist.version}" if dist is not None else ""
     return f"{entry_point.value}{origin}"
+
+
+_SEVERAL_ADAPTERS = (
+    "several ciclo adapters handle a {kind}: {names}. Call the one you want directly, e.g. "
+    "{module}.create_state(...)."
+)
+_NO_ADAPTER = (
+    "ciclo.create_state cannot build a state for a {module}.{kind}: no installed ciclo "
+    "adapter handles it ({found}). Install the adapter of your framework (pip install "
+    "ciclo-flax, ciclo-haiku or ciclo-equinox), or build a ciclo.managed.ManagedState "
+    "yourself."
+)
 
 
 def adapter_for(model: Any) -> Adapter:
@@ -198,18 +227,17 @@ def adapter_for(model: Any) -> Adapter:
             return matches[0]
         if len(matches) > 1:
             raise TypeError(
-                f"several ciclo adapters handle a {type(model).__qualname__}: "
-                f"{[a.name for a in matches]}. Call the one you want directly, e.g. "
-                f"{matches[0].create_state.__module__}.create_state(...)."
+                _SEVERAL_ADAPTERS.format(
+                    kind=type(model).__qualname__,
+                    names=[a.name for a in matches],
+                    module=matches[0].create_state.__module__,
+                )
             )
     text = f"installed adapters: {entry_names or 'none'}"
     if broken:
         text += "; failed to load: " + "; ".join(f"{n}: {e}" for n, e in broken.items())
     raise TypeError(
-        f"ciclo.create_state cannot build a state for a {type(model).__module__}."
-        f"{type(model).__qualname__}: no installed ciclo adapter handles it ({text}). "
-        f"Install the adapter of your framework (pip install ciclo-flax, ciclo-haiku or "
-        f"ciclo-equinox), or build a ciclo.managed.ManagedState yourself."
+        _NO_ADAPTER.format(module=type(model).__module__, kind=type(model).__qualname__, found=text)
     )
 
 

@@ -136,6 +136,17 @@ def gather_to_all(name: str, value: Any, *, timeout: float = 60.0) -> list[Any]:
     return out
 
 
+_PROCESS_DID_NOT_REACH = (
+    "process {process} did not reach {what} of the loop within {timeout:g} s (this is process "
+    "{me}): it failed, hangs, or runs a different loop. Its own log says why; raise "
+    "fault_timeout= if its steps are that slow."
+)
+_NO_SIGN_OF_LIFE = (
+    "process {other} gave no sign of life for {timeout:g} s (this is process {me}, whose error "
+    "follows from it): it crashed or was killed. Its own log says why."
+)
+
+
 class Agreement:
     """The exchanges of one outermost loop across the processes of a job.
 
@@ -207,10 +218,9 @@ class Agreement:
                 self._noticed.set()
                 _skip_jax_shutdown_at_exit(1, self)
                 raise ProcessFailedError(
-                    f"process {process} did not reach {what} of the loop within "
-                    f"{self.timeout:g} s (this is process {self.process}): it failed, hangs, "
-                    f"or runs a different loop. Its own log says why; raise "
-                    f"fault_timeout= if its steps are that slow."
+                    _PROCESS_DID_NOT_REACH.format(
+                        process=process, what=what, timeout=self.timeout, me=self.process
+                    )
                 ) from error
             other = json.loads(raw)
             if "fault" in other:
@@ -265,9 +275,7 @@ class Agreement:
             if time.monotonic() - start > self.timeout:
                 _skip_jax_shutdown_at_exit(1, self)
                 return ProcessFailedError(
-                    f"process {others[0]} gave no sign of life for {self.timeout:g} s (this is "
-                    f"process {self.process}, whose error follows from it): it crashed or was "
-                    f"killed. Its own log says why."
+                    _NO_SIGN_OF_LIFE.format(other=others[0], timeout=self.timeout, me=self.process)
                 )
             time.sleep(0.1)
 
@@ -409,6 +417,13 @@ def _skip_jax_shutdown_at_exit(status: int, agreement: Agreement) -> None:
     atexit.register(exit_now)
 
 
+_BAD_AGREE_EVERY = (
+    "agree_every={every!r}: expected None (the default: the processes agree about every 0.1 s, "
+    "however long a step takes) or an int >= 1, the number of steps between two rounds of "
+    "agreement"
+)
+
+
 def start_agreement(*, every: int | None, timeout: float) -> Agreement | None:
     """The agreement of an outermost loop starting now, or ``None`` with one process, without
     ``jax.distributed``, or inside another loop (whose decisions are already agreed).
@@ -418,11 +433,7 @@ def start_agreement(*, every: int | None, timeout: float) -> Agreement | None:
     """
     global _loops_started, _active
     if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
-        raise ValueError(
-            f"agree_every={every!r}: expected None (the default: the processes agree about "
-            "every 0.1 s, however long a step takes) or an int >= 1, the number of steps "
-            "between two rounds of agreement"
-        )
+        raise ValueError(_BAD_AGREE_EVERY.format(every=every))
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
         raise ValueError(
             f"fault_timeout={timeout!r}: expected a number of seconds > 0, how long a process "

@@ -59,6 +59,13 @@ def _is_numeric(value: Any) -> bool:
     return isinstance(value, _NUMERIC)  # e.g. a tracer, by its abstract value
 
 
+_UNKNOWN_AGGREGATION = (
+    "unknown aggregation {method!r} {where}; use one of {methods}, a callable on the values "
+    "stacked along axis 0 (e.g. jnp.median), None to leave the entries out, or a dict "
+    "{{collection: aggregation}}."
+)
+
+
 def check_method(method: Any, where: str) -> Aggregation:
     """``method`` if it is an aggregation, else a ``ValueError`` that lists them.
 
@@ -69,9 +76,9 @@ def check_method(method: Any, where: str) -> Aggregation:
     if method is None or callable(method) or method in METHODS:
         return method  # type: ignore[no-any-return]
     raise ValueError(
-        f"unknown aggregation {method!r} {where}; use one of {', '.join(map(repr, METHODS))}, "
-        f"a callable on the values stacked along axis 0 (e.g. jnp.median), None to leave "
-        f"the entries out, or a dict {{collection: aggregation}}."
+        _UNKNOWN_AGGREGATION.format(
+            method=method, where=where, methods=", ".join(map(repr, METHODS))
+        )
     )
 
 
@@ -177,6 +184,12 @@ _Key = tuple[str, str]
 _CHUNK = 16
 
 
+_NOT_A_NUMBER = (
+    "cannot aggregate log entry {collection}.{name} with {method!r}: it is {kind}, not a "
+    "number or an array. Use aggregation={{{collection!r}: 'last'}} (or None to drop it)."
+)
+
+
 class Aggregator:
     """Aggregates the logs of many steps into one :class:`Logs`, on device.
 
@@ -235,9 +248,12 @@ class Aggregator:
                 for name, value in entries.items():
                     if type(value) not in _NUMERIC_TYPES and not _is_numeric(value):
                         raise TypeError(
-                            f"cannot aggregate log entry {collection}.{name} with {method!r}: "
-                            f"it is {type(value).__name__}, not a number or an array. Use "
-                            f"aggregation={{{collection!r}: 'last'}} (or None to drop it)."
+                            _NOT_A_NUMBER.format(
+                                collection=collection,
+                                name=name,
+                                method=method,
+                                kind=type(value).__name__,
+                            )
                         )
                     key = (collection, name)
                     reduced[key] = value

@@ -135,6 +135,12 @@ def _from_numpy(values: Any, typecode: str) -> array[Any]:
     return array(typecode, values)
 
 
+_NOT_STACKED = (
+    "commit_many: log entry {entry!r} has shape {shape}; every value must be stacked along "
+    "axis 0 with one row per elapsed ({count} rows)."
+)
+
+
 class History:
     """The record of a loop: one row per committed step, with its ``elapsed`` and logs.
 
@@ -239,9 +245,7 @@ class History:
             shape = np.shape(value)  # reads `.shape`: no transfer for device arrays
             if shape[:1] != (count,):
                 raise ValueError(
-                    f"commit_many: log entry {f'{collection}.{name}'!r} has shape {shape}; "
-                    f"every value must be stacked along axis 0 with one row per elapsed "
-                    f"({count} rows)."
+                    _NOT_STACKED.format(entry=f"{collection}.{name}", shape=shape, count=count)
                 )
         first = self._num_rows
         for e in elapsed:

@@ -60,11 +60,16 @@ class _CollectionView(MutableMapping[str, Any]):
         return repr(self._entries)
 
 
+_NOT_A_NUMBER = (
+    "logs().{method}({name!r}, {value!r}): the value is a {kind}; losses and metrics are "
+    "numbers or arrays (aggregated, plotted, averaged). Log text with add_entry('text', "
+    "{name!r}, ...) or add_output."
+)
+
+
 def _not_a_number(method: str, name: str, value: Any) -> TypeError:
     return TypeError(
-        f"logs().{method}({name!r}, {value!r}): the value is a {type(value).__name__}; losses "
-        f"and metrics are numbers or arrays (aggregated, plotted, averaged). Log text with "
-        f"add_entry('text', {name!r}, ...) or add_output."
+        _NOT_A_NUMBER.format(method=method, name=name, value=value, kind=type(value).__name__)
     )
 
 

@@ -252,6 +252,12 @@ def checked_batch_size_fn(fn: Callable[[Any], Any], caller: str = "loop") -> Cal
     return batch_size
 
 
+_NOT_ITERABLE = (
+    "the dataset must be iterable (a list, a generator, a tf.data or torch DataLoader...), "
+    "got {kind}. For a factory, call it: dataset=make_dataset()."
+)
+
+
 class elapse(Iterator[tuple[Elapsed, Any]]):
     """Iterates ``dataset`` and yields ``(elapsed, batch)``, the count before each batch.
 
@@ -287,11 +293,7 @@ class elapse(Iterator[tuple[Elapsed, Any]]):
         try:
             self._iterator = iter(dataset)
         except TypeError:
-            raise TypeError(
-                f"the dataset must be iterable (a list, a generator, a tf.data or torch "
-                f"DataLoader...), got {type(dataset).__name__}. For a factory, call it: "
-                f"dataset=make_dataset()."
-            ) from None
+            raise TypeError(_NOT_ITERABLE.format(kind=type(dataset).__name__)) from None
         self._stop = as_period(stop, "stop")
         self._batch_size_fn = (
             default_batch_size

@@ -283,6 +283,14 @@ def _as_at(period: Period) -> str:
     return f"ciclo.at({fields})"
 
 
+_STARTS_OUT_OF_ORDER = (
+    "piecewise() starts must be reached in the order they are written: {start} was reached "
+    "before {unreached}, which comes first (at steps={steps}, samples={samples}). Starts in "
+    "different units cannot be sorted when the schedule is built; write them in the order "
+    "they take over, or in one unit."
+)
+
+
 class _Piecewise(Schedule):
     def __init__(self, pieces: list[tuple[Period, Schedule]], *, check_order: bool) -> None:
         self.pieces = pieces
@@ -305,11 +313,12 @@ class _Piecewise(Schedule):
 
     def _raise_out_of_order(self, unreached: Period, start: Period, elapsed: Elapsed) -> None:
         raise ValueError(
-            f"piecewise() starts must be reached in the order they are written: "
-            f"{_as_at(start)} was reached before {_as_at(unreached)}, which comes first (at "
-            f"steps={elapsed.steps}, "
-            f"samples={elapsed.samples}). Starts in different units cannot be sorted when the "
-            f"schedule is built; write them in the order they take over, or in one unit."
+            _STARTS_OUT_OF_ORDER.format(
+                start=_as_at(start),
+                unreached=_as_at(unreached),
+                steps=elapsed.steps,
+                samples=elapsed.samples,
+            )
         )
 
     def children(self) -> tuple[Schedule, ...]:

@@ -63,6 +63,12 @@ def check_amount(caller: str, unit: str, value: object, *, allow_zero: bool) -> 
     return number
 
 
+_NOT_ONE_PERIOD = (
+    "{caller} needs exactly one period: steps, samples or time, got {given}. Example: "
+    "{function}(100) or {function}(samples=10_000)."
+)
+
+
 def one_unit(
     caller: str, steps: Any, samples: Any, time: Any, *, allow_zero: bool = False
 ) -> tuple[str, float]:
@@ -79,9 +85,9 @@ def one_unit(
     given = {u: v for u, v in zip(UNITS, (steps, samples, time), strict=True) if v is not None}
     if len(given) != 1:
         raise ValueError(
-            f"{caller} needs exactly one period: steps, samples or time, got "
-            f"{given or 'none'}. Example: {caller.rstrip('()')}(100) or "
-            f"{caller.rstrip('()')}(samples=10_000)."
+            _NOT_ONE_PERIOD.format(
+                caller=caller, given=given or "none", function=caller.rstrip("()")
+            )
         )
     ((unit, value),) = given.items()
     return unit, check_amount(caller, unit, value, allow_zero=allow_zero)

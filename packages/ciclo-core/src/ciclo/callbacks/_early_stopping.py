@@ -33,6 +33,11 @@ MSG_INTERRUPTED = (
 )
 _SAVED = ", saved to resume from (the same command with resume= continues it)"
 _NOT_SAVED = " (no checkpoint saved it: give the loop a ciclo.checkpoint to resume runs)"
+_MONITOR_NOT_LOGGED = (
+    "early_stopping: monitor {monitor!r} is not in the logs; entries: {entries}.{hint} "
+    "Evaluation entries carry the test name (e.g. 'loss_test'); check the spelling, or the "
+    "step that should log it."
+)
 
 
 def _find(logs: Logs, key: str) -> Any:
@@ -223,9 +228,7 @@ class EarlyStopping(LoopCallbackBase):
         }
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise KeyError(
-            f"early_stopping: monitor {self.monitor!r} is not in the logs; entries: "
-            f"{sorted(entries)}.{hint} Evaluation entries carry the test name (e.g. "
-            f"'loss_test'); check the spelling, or the step that should log it."
+            _MONITOR_NOT_LOGGED.format(monitor=self.monitor, entries=sorted(entries), hint=hint)
         )
 
     def check(self, loop_state: LoopState, *, strict: bool = True) -> None:

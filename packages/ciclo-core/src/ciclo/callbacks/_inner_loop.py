@@ -31,6 +31,14 @@ def _as_history(rows: list[Any]) -> History | None:
     return history
 
 
+_NOT_A_LOOP_RESULT = (
+    "inner_loop({name!r}): the loop function returned {kind}; it must return what ciclo's "
+    "loops return: (state, history, elapsed) like ciclo.loop, or (state, logs, elapsed) like "
+    "ciclo.test_loop. Example: inner_loop({name!r}, lambda state: ciclo.test_loop(state, "
+    "make_dataset()))."
+)
+
+
 def _split_result(name: str, result: Any) -> tuple[Any, Any, Elapsed | None]:
     """``(state, history or logs, elapsed)`` from what a loop function returned."""
     if isinstance(result, History | Logs):
@@ -44,12 +52,7 @@ def _split_result(name: str, result: Any) -> tuple[Any, Any, Elapsed | None]:
             elapsed is None or isinstance(elapsed, Elapsed)
         ):
             return state, logs, elapsed
-    raise TypeError(
-        f"inner_loop({name!r}): the loop function returned {type(result).__name__}; it must "
-        f"return what ciclo's loops return: (state, history, elapsed) like ciclo.loop, or "
-        f"(state, logs, elapsed) like ciclo.test_loop. Example: "
-        f"inner_loop({name!r}, lambda state: ciclo.test_loop(state, make_dataset()))."
-    )
+    raise TypeError(_NOT_A_LOOP_RESULT.format(name=name, kind=type(result).__name__))
 
 
 def inner_loop(

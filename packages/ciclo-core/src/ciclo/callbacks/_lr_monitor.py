@@ -37,6 +37,13 @@ def injected_hyperparam(state: Any, name: str = "learning_rate") -> Any:
     return None
 
 
+_NO_INJECTED_HYPERPARAM = (
+    "learning_rate_monitor: the state holds no optax.inject_hyperparams state with a {name!r} "
+    "hyperparameter. Build the optimizer with optax.inject_hyperparams(optax.adam)("
+    "learning_rate=...), or pass the schedule: learning_rate_monitor(schedule)."
+)
+
+
 class LearningRateMonitor(LoopCallbackBase):
     """Logs the current learning rate as the metric ``learning_rate``.
 
@@ -85,12 +92,7 @@ class LearningRateMonitor(LoopCallbackBase):
             return self.schedule(loop_state.elapsed.steps)
         value = injected_hyperparam(loop_state.state, self.name)
         if value is None:
-            raise ValueError(
-                f"learning_rate_monitor: the state holds no optax.inject_hyperparams state "
-                f"with a {self.name!r} hyperparameter. Build the optimizer with "
-                f"optax.inject_hyperparams(optax.adam)(learning_rate=...), or pass the "
-                f"schedule: learning_rate_monitor(schedule)."
-            )
+            raise ValueError(_NO_INJECTED_HYPERPARAM.format(name=self.name))
         return value
 
     def __loop_callback__(self, loop_state: LoopState) -> Logs:

@@ -28,6 +28,11 @@ from .._records._history import History
 __all__ = ["RunningMean", "check_running_mean"]
 
 _AVERAGED = ("losses", "metrics")
+_NOT_A_BOOL = (
+    "{what}: running_mean must be True or False, got {value!r}. Example: "
+    "ciclo.{what}(1000, running_mean=True) shows each training loss and metric averaged since "
+    "the epoch began, as Keras does."
+)
 
 Key = tuple[str, str]
 
@@ -40,11 +45,7 @@ def check_running_mean(value: Any, what: str) -> bool:
         True
     """
     if not isinstance(value, bool):
-        raise TypeError(
-            f"{what}: running_mean must be True or False, got {value!r}. Example: "
-            f"ciclo.{what}(1000, running_mean=True) shows each training loss and metric "
-            f"averaged since the epoch began, as Keras does."
-        )
+        raise TypeError(_NOT_A_BOOL.format(what=what, value=value))
     return value
 
 

@@ -100,6 +100,12 @@ def scalar_rows(history: History, start: int, end: int) -> list[tuple[int, dict[
     return rows
 
 
+_NOT_A_METRIC_WRITER = (
+    "{owner}: {kind} is not a metric writer (it has no write_scalars(step, scalars)); give a "
+    "ciclo.callbacks.TensorBoardWriter, WandbWriter, MLflowWriter, or a CLU metric writer."
+)
+
+
 class WriterLogger(LoopCallbackBase):
     """Sends every scalar row of the loop's history to a metric writer.
 
@@ -152,11 +158,7 @@ class WriterLogger(LoopCallbackBase):
     ) -> None:
         owner = self._owner
         if not callable(getattr(writer, "write_scalars", None)):
-            raise TypeError(
-                f"{owner}: {type(writer).__name__} is not a metric writer (it has no "
-                "write_scalars(step, scalars)); give a ciclo.callbacks.TensorBoardWriter, "
-                "WandbWriter, MLflowWriter, or a CLU metric writer."
-            )
+            raise TypeError(_NOT_A_METRIC_WRITER.format(owner=owner, kind=type(writer).__name__))
         if isinstance(interval, bool) or not isinstance(interval, int | float) or interval < 0:
             raise TypeError(f"{owner}(interval={interval!r}): expected seconds, a number >= 0")
         self.metric_writer = writer
