@@ -28,7 +28,6 @@ SKIPPED = (
     "packages/ciclo-core/src/ciclo/adapters/_adapter.py",
     "packages/ciclo-haiku/src/ciclo_haiku/_state.py",
     "packages/ciclo-equinox/src/ciclo_equinox/_state.py",
-    "packages/ciclo-flax/src/",
 )
 MAX_LINES = 2
 

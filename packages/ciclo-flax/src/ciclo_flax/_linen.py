@@ -103,6 +103,15 @@ def _flat(tree: Any) -> list[tuple[tuple[Any, ...], Any]]:
     return list(flat.items())
 
 
+_NOT_A_LINEN_MODULE = "ciclo_flax.create_state needs a flax.linen.Module, got {kind}.{hint}"
+_NNX_HINT = " For a flax.nnx module use ciclo_flax.create_nnx_state(model, tx, ...)."
+_NO_PARAMS = (
+    "{name} has no 'params' collection (its variables have {collections}); "
+    "ciclo needs parameters to train. Check that the module creates some with "
+    "self.param or submodules."
+)
+
+
 def create_state(
     module: nn.Module,
     inputs: Any,
@@ -156,14 +165,8 @@ def create_state(
     """
     check_options(options, create_state)
     if not isinstance(module, nn.Module):
-        raise TypeError(
-            f"ciclo_flax.create_state needs a flax.linen.Module, got {type(module).__name__}."
-            + (
-                " For a flax.nnx module use ciclo_flax.create_nnx_state(model, tx, ...)."
-                if _is_nnx(module)
-                else ""
-            )
-        )
+        hint = _NNX_HINT if _is_nnx(module) else ""
+        raise TypeError(_NOT_A_LINEN_MODULE.format(kind=type(module).__name__, hint=hint))
     name = type(module).__name__
     flag = detect_training_arg(module.__call__, training_arg, f"{name}.__call__")
     init_key, key = jax.random.split(ciclo.adapters.as_key(key))
@@ -172,11 +175,7 @@ def create_state(
         variables = _init(Static(module), flag, rngs, inputs)
     variables = dict(variables)
     if "params" not in variables:
-        raise ValueError(
-            f"{name} has no 'params' collection (its variables have {sorted(variables)}); "
-            f"ciclo needs parameters to train. Check that the module creates some with "
-            f"self.param or submodules."
-        )
+        raise ValueError(_NO_PARAMS.format(name=name, collections=sorted(variables)))
     params = variables.pop("params")
     for collection in SOWN:  # recorded anew at each step, never state
         variables.pop(collection, None)
