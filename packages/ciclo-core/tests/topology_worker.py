@@ -1,6 +1,6 @@
-"""One process of a run in ``test_topology.py``: a small two-layer model trained on a list of
-global batches, each process feeding its part, checkpointed every ``EVERY`` steps and
-resumed from ``OUT_DIR/ckpt`` on whatever topology it runs on.
+"""One process of a run in ``test_topology.py``: a small two-layer model with dropout
+trained on a list of global batches, each process feeding its part, checkpointed every
+``EVERY`` steps and resumed from ``OUT_DIR/ckpt`` on whatever topology it runs on.
 
 Usage: ``python topology_worker.py STRATEGY PROCESSES PROCESS_ID PORT OUT_DIR STOP``, with
 STRATEGY ``sharded`` (a 2 x 2 ``("data", "model")`` mesh and rules) or ``fsdp``, and STOP a
@@ -65,6 +65,9 @@ def main(strategy_name: str, processes: int, process: int, port: int, out: Path,
         x, y = batch
         p = state.params
         hidden = jnp.tanh(x @ p["dense1"]["kernel"] + p["dense1"]["bias"])
+        # dropout: the same mask of the global batch on any topology (the step's key)
+        keep = jax.random.bernoulli(state.step_key("dropout"), 0.75, hidden.shape)
+        hidden = jnp.where(keep, hidden / 0.75, 0.0)
         pred = (hidden @ p["dense2"]["kernel"] + p["dense2"]["bias"])[:, 0]
         return ciclo.logs().add_loss("loss", jnp.mean((pred - y) ** 2)), state
 
