@@ -113,7 +113,10 @@ def stateful_dataset(source: Any) -> StatefulDataset:
     resumed run continues exactly where the interrupted one was, without replaying batches.
 
     Give it to the loop in place of ``source``: ``ciclo.train_loop(state,
-    ciclo.stateful_dataset(loader), ...)``. With several processes, each keeps its own state.
+    ciclo.stateful_dataset(loader), ...)``. With several processes, each keeps its own state,
+    and a checkpoint resumes on as many processes only; around Grain's
+    ``grain.experimental.ElasticIterator`` the state is global (:attr:`StatefulDataset.elastic`)
+    and resumes on any number of processes.
 
     Example:
         >>> class Counter:  # any iterator with get_state()/set_state()
