@@ -1,10 +1,12 @@
 """One process of a run in ``test_topology.py``: a small two-layer model with dropout
 trained on a list of global batches, each process feeding its part, checkpointed every
-``EVERY`` steps and resumed from ``OUT_DIR/ckpt`` on whatever topology it runs on.
+``EVERY`` steps and resumed from ``OUT_DIR/<strategy>`` on whatever topology it runs on;
+once per strategy, so that one start of the processes serves them all.
 
-Usage: ``python topology_worker.py STRATEGY PROCESSES PROCESS_ID PORT OUT_DIR STOP``, with
-STRATEGY ``sharded`` (a 2 x 2 ``("data", "model")`` mesh and rules) or ``fsdp``, and STOP a
-step count or ``none``. Writes ``OUT_DIR/result{PROCESS_ID}.json``.
+Usage: ``python topology_worker.py STRATEGIES PROCESSES PROCESS_ID PORT OUT_DIR STOP``, with
+STRATEGIES a comma-separated list of ``sharded`` (a 2 x 2 ``("data", "model")`` mesh and
+rules), ``fsdp`` and ``data-parallel``, and STOP a step count or ``none``. Writes
+``OUT_DIR/result{PROCESS_ID}.json``: ``{strategy: result}``.
 """
 
 from __future__ import annotations
@@ -12,15 +14,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 STEPS, BATCH, DIM, HIDDEN, EVERY = 12, 8, 4, 8, 4
 
 
-def main(strategy_name: str, processes: int, process: int, port: int, out: Path, stop: int | None):
-    if processes > 1:
-        from ciclo.testing import join_loopback
-
-        join_loopback(process, processes, port)
+def train(strategy_name: str, batches: list[Any], directory: Path, stop: int | None) -> dict:
+    """Trains under ``strategy_name``, resuming from ``directory``; returns what it ended
+    with."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -31,23 +32,16 @@ def main(strategy_name: str, processes: int, process: int, port: int, out: Path,
 
     import ciclo
 
-    rng = np.random.default_rng(0)
-    xs = rng.normal(size=(STEPS, BATCH, DIM)).astype(np.float32)
-    ys = np.sin(xs @ rng.normal(size=DIM)).astype(np.float32)
-    part = BATCH // processes
-    mine = slice(process * part, (process + 1) * part)
-    batches = [(x[mine], y[mine]) for x, y in zip(xs, ys, strict=True)]  # a list: by index
-
-    mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
-    rules = [
-        ("dense1/kernel", P(None, "model")),  # column-parallel
-        ("dense1/bias", P("model")),
-        ("dense2/kernel", P("model", None)),  # row-parallel
-    ]
     if strategy_name == "sharded":
+        mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+        rules = [
+            ("dense1/kernel", P(None, "model")),  # column-parallel
+            ("dense1/bias", P("model")),
+            ("dense2/kernel", P("model", None)),  # row-parallel
+        ]
         strategy = ciclo.managed.sharded(mesh, rules)
-    else:
-        strategy = ciclo.managed.fsdp()  # every device on "data"
+    else:  # every device on "data"
+        strategy = ciclo.managed.fsdp() if strategy_name == "fsdp" else "data-parallel"
     init = np.random.default_rng(1)
     params = {
         "dense1": {
@@ -74,7 +68,7 @@ def main(strategy_name: str, processes: int, process: int, port: int, out: Path,
     state = ciclo.managed.ManagedState.create(
         params=params, tx=optax.adam(0.05), key=0, strategy=strategy
     )
-    ckpt = ciclo.checkpoint(out / "ckpt", keep=1, save_on_end=False)
+    ckpt = ciclo.checkpoint(directory, keep=1, save_on_end=False)
     state, history, elapsed = ciclo.loop(
         state,
         batches,
@@ -85,7 +79,7 @@ def main(strategy_name: str, processes: int, process: int, port: int, out: Path,
     gathered = multihost_utils.process_allgather(state.params, tiled=True)
     kernel = state.params["dense1"]["kernel"]
     moment = state.opt_state[0].mu["dense1"]["kernel"]
-    result = {
+    return {
         "processes": jax.process_count(),
         "devices": jax.device_count(),
         "steps": elapsed.steps,
@@ -95,15 +89,32 @@ def main(strategy_name: str, processes: int, process: int, port: int, out: Path,
         "kernel_spec": str(kernel.sharding.spec),
         "moment_spec": str(moment.sharding.spec),
     }
-    (out / f"result{process}.json").write_text(json.dumps(result))
+
+
+def main(strategies: str, processes: int, process: int, port: int, out: Path, stop: int | None):
+    if processes > 1:
+        from ciclo.testing import join_loopback
+
+        join_loopback(process, processes, port)
+    import jax
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    xs = rng.normal(size=(STEPS, BATCH, DIM)).astype(np.float32)
+    ys = np.sin(xs @ rng.normal(size=DIM)).astype(np.float32)
+    part = BATCH // processes
+    mine = slice(process * part, (process + 1) * part)
+    batches = [(x[mine], y[mine]) for x, y in zip(xs, ys, strict=True)]  # a list: by index
+    results = {name: train(name, batches, out / name, stop) for name in strategies.split(",")}
+    (out / f"result{process}.json").write_text(json.dumps(results))
     if processes > 1:
         jax.distributed.shutdown()
 
 
 if __name__ == "__main__":
-    strategy, processes, process, port, out, stop = sys.argv[1:7]
+    strategies, processes, process, port, out, stop = sys.argv[1:7]
     main(
-        strategy,
+        strategies,
         int(processes),
         int(process),
         int(port),
