@@ -53,11 +53,25 @@ def pipeline(kind: str) -> Any:
     )
 
 
+def initial_state() -> Any:
+    """A linear model's managed state, data-parallel over every device."""
+    import jax.numpy as jnp
+    import optax
+
+    import ciclo
+
+    return ciclo.managed.ManagedState.create(
+        params={"w": jnp.zeros(DIM), "b": jnp.zeros(())},
+        tx=optax.sgd(0.05, momentum=0.9),
+        key=0,
+        strategy="data-parallel",
+    )
+
+
 def train(kind: str, out: Path, stop: int | None) -> tuple[Any, Any, Any, Any]:
     """Trains a linear model data-parallel on every device, resuming from ``out / "ckpt"``;
     returns ``(state, history, elapsed, dataset)``."""
     import jax.numpy as jnp
-    import optax
 
     import ciclo
 
@@ -68,12 +82,7 @@ def train(kind: str, out: Path, stop: int | None) -> tuple[Any, Any, Any, Any]:
         logs = ciclo.logs().add_loss("loss", jnp.mean((pred - y) ** 2))
         return logs.add_metric("index_sum", jnp.sum(batch["index"])), state
 
-    state = ciclo.managed.ManagedState.create(
-        params={"w": jnp.zeros(DIM), "b": jnp.zeros(())},
-        tx=optax.sgd(0.05, momentum=0.9),
-        key=0,
-        strategy="data-parallel",
-    )
+    state = initial_state()
     data = ciclo.stateful_dataset(pipeline(kind))
     ckpt = ciclo.checkpoint(out / "ckpt", keep=1, save_on_end=False)
     tasks = {ciclo.every(1): train_step, ciclo.every(EVERY): ckpt}

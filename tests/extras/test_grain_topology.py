@@ -90,6 +90,10 @@ def test_a_per_process_grain_iterator_resumes_on_no_other_number_of_processes(tm
         r"process\(es\)(.|\n)*grain\.experimental\.ElasticIterator",
     ):
         worker.train("per-process", tmp_path / "two", None)
+    # restoring its state (not the data) on one process is fine
+    restored = ciclo.restore(tmp_path / "two" / "ckpt", worker.initial_state())
+    assert restored.elapsed.steps == 5
+    assert restored.history.collect("steps") == list(range(5))
 
     # and the other way: saved by this one process (8 devices), resumed by 2 (4 devices)
     worker.train("per-process", tmp_path / "one", 6)
