@@ -117,6 +117,7 @@ __all__ = [
     "stateful_callbacks",
     "is_sequence",
     "is_stateful_dataset",
+    "OtherTopology",
 ]
 
 #: The version written in ``meta["format"]``; a checkpoint with another one is refused.
@@ -886,7 +887,7 @@ class Contents(NamedTuple):
     callbacks: list[tuple[str, Any]]  #: ``(callback_name, state)`` of each stateful callback
     logs: dict[str, Any]  #: the loop's latest logs, ``{collection: {name: value}}``
     data_position: int  #: how many batches the run had drawn from its dataset
-    data_state: Any  #: the dataset's ``state_dict()``, or ``None``
+    data_state: Any  #: this process's ``state_dict()`` of the dataset, ``None``, or OtherTopology
 
 
 class DamagedCheckpoint(ValueError):
@@ -1080,11 +1081,6 @@ _DATA_STATE_NOT_JSON = (
     "strings, lists, dicts) so that process 0 can save every process's state: {error}. "
     "Return plain values from the dataset's state_dict()."
 )
-_OTHER_PROCESS_COUNT = (
-    "the checkpoint holds the dataset states of {saved} processes, and this run has "
-    "{running}: resume with as many processes as the interrupted run (each continues its "
-    "own part of the data)."
-)
 
 
 def _gather_data_state(state: Any) -> list[Any]:
@@ -1106,15 +1102,24 @@ def _json_ready(value: Any) -> Any:
     return value
 
 
+class OtherTopology(NamedTuple):
+    """The dataset states of a checkpoint written by another number of processes than this
+    run has, one per process that wrote it (a run of one process saves one state). Whether
+    they can be re-split over this run's processes is the dataset's business (see
+    ``_resume.skip_consumed``)."""
+
+    states: list[Any]
+
+
 def _own_data_state(saved: Any) -> Any:
-    """This process's dataset state out of what a checkpoint holds."""
-    if not (isinstance(saved, Mapping) and set(saved) == {PER_PROCESS}):
-        return saved
-    states = saved[PER_PROCESS]
+    """This process's dataset state out of what a checkpoint holds, or an
+    :class:`OtherTopology` when another number of processes wrote it."""
+    if saved is None:
+        return None
+    per_process = isinstance(saved, Mapping) and set(saved) == {PER_PROCESS}
+    states = list(saved[PER_PROCESS]) if per_process else [saved]  # one process: one state
     if len(states) != jax.process_count():
-        raise ValueError(
-            _OTHER_PROCESS_COUNT.format(saved=len(states), running=jax.process_count())
-        )
+        return OtherTopology(states)
     return states[jax.process_index()]
 
 

@@ -4,7 +4,10 @@
 from the iterator's own state instead of replaying batches.
 
 With several processes, each process's iterator has its own state: a checkpoint holds every
-process's (``_checkpoint/_format.py``) and each process loads its own back.
+process's (``_checkpoint/_format.py``) and each process loads its own back. Grain's
+``ElasticIterator`` is :attr:`StatefulDataset.elastic`: its state is the global count of
+records consumed, the same on every process, which each process re-splits by its own shard
+options, so its checkpoints resume on another number of processes.
 """
 
 from __future__ import annotations
@@ -14,6 +17,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 __all__ = ["StatefulDataset", "stateful_dataset"]
+
+#: Grain's iterators whose state is a global position (``{"global_next_index": records}``),
+#: recognised by their class (Grain is never imported here).
+_ELASTIC_GRAIN_CLASSES = frozenset({"ElasticIterator", "_ElasticMapDatasetIterator"})
 
 
 def _has_state(obj: Any) -> bool:
@@ -74,6 +81,14 @@ class StatefulDataset:
             self._iterator = iterator
         return self._iterator
 
+    @property
+    def elastic(self) -> bool:
+        """Whether the state is a global position, the same on every process, that each
+        process re-splits when it loads it (Grain's ``ElasticIterator``): a checkpoint then
+        resumes on any number of processes."""
+        kind = type(self.source)
+        return kind.__module__.startswith("grain.") and kind.__name__ in _ELASTIC_GRAIN_CLASSES
+
     def __iter__(self) -> Iterator[Any]:
         return self
 
@@ -98,7 +113,10 @@ def stateful_dataset(source: Any) -> StatefulDataset:
     resumed run continues exactly where the interrupted one was, without replaying batches.
 
     Give it to the loop in place of ``source``: ``ciclo.train_loop(state,
-    ciclo.stateful_dataset(loader), ...)``. With several processes, each keeps its own state.
+    ciclo.stateful_dataset(loader), ...)``. With several processes, each keeps its own state,
+    and a checkpoint resumes on as many processes only; around Grain's
+    ``grain.experimental.ElasticIterator`` the state is global (:attr:`StatefulDataset.elastic`)
+    and resumes on any number of processes.
 
     Example:
         >>> class Counter:  # any iterator with get_state()/set_state()
