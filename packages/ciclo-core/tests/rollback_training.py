@@ -84,7 +84,10 @@ def tasks(
 
             loss, grad = jax.value_and_grad(loss_fn)(state["w"])
             seen = state["seen"].at[batch["id"][0]].add(1)
-            return ciclo.logs().add_loss("loss", loss), {"w": state["w"] - 0.05 * grad, "seen": seen}
+            return ciclo.logs().add_loss("loss", loss), {
+                "w": state["w"] - 0.05 * grad,
+                "seen": seen,
+            }
 
         state = {"w": jnp.zeros(DIM), "seen": jnp.zeros(BATCHES, jnp.int32)}
         step = plain_step

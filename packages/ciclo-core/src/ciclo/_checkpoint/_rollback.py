@@ -153,7 +153,11 @@ class RollbackOnNaN(LoopCallbackBase):
                 f"rollback_on_nan(spike={spike!r}): spike must be a number > 1 (roll back "
                 f"when the value exceeds spike times its running median) or None."
             )
-        if isinstance(max_rollbacks, bool) or not isinstance(max_rollbacks, int) or max_rollbacks < 0:
+        if (
+            isinstance(max_rollbacks, bool)
+            or not isinstance(max_rollbacks, int)
+            or max_rollbacks < 0
+        ):
             raise ValueError(
                 f"rollback_on_nan(max_rollbacks={max_rollbacks!r}): expected an int >= 0 "
                 f"(0 stops at the first fault, as terminate_on_nan)."
@@ -202,7 +206,9 @@ class RollbackOnNaN(LoopCallbackBase):
             raise TypeError(MSG_ONE_SHOT.format(kind=type(dataset).__name__))
         self._loop, self._fault = loop_state, None
         elapsed = loop_state.elapsed
-        self._scanned = loop_state.history.run_start(loop_state.initial_elapsed.steps, elapsed.steps)
+        self._scanned = loop_state.history.run_start(
+            loop_state.initial_elapsed.steps, elapsed.steps
+        )
         self._window.clear()
 
     def _checkpoint_in(self, loop_state: LoopState) -> Checkpoint:
@@ -283,13 +289,15 @@ class RollbackOnNaN(LoopCallbackBase):
         step, what = min((int(s), str(w)) for s, w in faults)
         count = self._rollbacks(loop_state)
         if count >= self.max_rollbacks:
-            return self._stop(loop_state, MSG_TOO_MANY, fault=what, step=step, count=count)
+            self._stop(loop_state, MSG_TOO_MANY, fault=what, step=step, count=count)
+            return None
         checkpoint = self._checkpoint_in(loop_state)
         checkpoint.wait()
         found = self._newest_finite(loop_state, step)
         restored = min(gather_to_all("rollback_on_nan checkpoint", found))
         if restored < 0:
-            return self._stop(loop_state, MSG_NOTHING_BEFORE, fault=what, step=step)
+            self._stop(loop_state, MSG_NOTHING_BEFORE, fault=what, step=step)
+            return None
         contents = self._read(loop_state, restored)
         # The data position of the faulty step's batch, counted before the state goes back.
         fault_position = step - loop_state.initial_elapsed.steps + loop_state.skipped_batches
@@ -323,7 +331,9 @@ class RollbackOnNaN(LoopCallbackBase):
     def _rollbacks(self, loop_state: LoopState) -> int:
         """How many rollbacks the run made (its history's latest ``rollbacks``)."""
         _, _, columns = loop_state.history.numeric_since(0, ["metrics.rollbacks"])
-        values = columns.get("metrics.rollbacks", (None, []))[1]
+        if "metrics.rollbacks" not in columns:
+            return 0
+        values = columns["metrics.rollbacks"][1]
         return int(values[-1]) if len(values) else 0
 
     def _newest_finite(self, loop_state: LoopState, step: int) -> int:
@@ -350,7 +360,6 @@ class RollbackOnNaN(LoopCallbackBase):
         text = message.format(directory=self.directory, most=self.max_rollbacks, **fields)
         loop_state.apply_stop(text)  # the loop stopped already, at the same step everywhere
         self._say(text)
-        return None
 
     def _say(self, text: str) -> None:
         if self.verbose and writes_here(OUTPUT_PROCESS):
@@ -369,7 +378,7 @@ def _reposition(dataset: Any, contents: _format.Contents, position: int) -> Iter
     if contents.data_state is None:
         return source
     iterator = iter(source)
-    for drawn in range(position - contents.data_position):
+    for _ in range(position - contents.data_position):
         try:
             next(iterator)
         except StopIteration:

@@ -75,8 +75,9 @@ def run_ending(loop_state: LoopState, stop_reached: bool) -> dict[str, Any] | No
     """Why and where a loop that went through its steps ended: ``{"reason", "step",
     "message"}``, where ``reason`` is ``"stop"`` (its ``stop`` was reached), ``"data"``
     (its dataset ran out first), ``"early_stopping"``, ``"nan"`` (``terminate_on_nan``,
-    or ``rollback_on_nan`` past its last rollback) or ``"callback"`` (another callback stopped it); ``None`` for a loop stopped by a
-    signal (a preemption or Ctrl-C: the run is interrupted, not finished).
+    or ``rollback_on_nan`` past its last rollback) or ``"callback"`` (another callback
+    stopped it); ``None`` for a loop stopped by a signal (a preemption or Ctrl-C: the run
+    is interrupted, not finished) or by ``rollback_on_nan`` to roll back.
 
     Example:
         >>> import ciclo

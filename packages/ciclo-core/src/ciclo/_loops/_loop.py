@@ -200,7 +200,9 @@ def loop(
             run_end_hooks(end_hooks, loop_state, None)  # they release what they hold
             return loop_state.state, history, loop_state.elapsed
         count_size = (
-            batch_size_fn if decisions is None else decisions.batch_size_fn(loop_state.batch_size_fn)
+            batch_size_fn
+            if decisions is None
+            else decisions.batch_size_fn(loop_state.batch_size_fn)
         )
 
         def counted(batches: Iterable[Any]) -> elapse:
