@@ -60,6 +60,17 @@ def test_the_history_records_the_rollback(rolled_back):
     assert "16.rolled-back" in os.listdir(directory)
 
 
+def test_later_checkpoints_hold_the_skipped_batches_and_the_rollback(rolled_back):
+    directory, _ = rolled_back
+    meta = json.loads((directory / "21" / "meta" / "metadata").read_text())
+    # 21 steps applied, 3 batches skipped: the dataset is at batch 24.
+    assert meta["data"] == {"position": 24, "state": None, "skipped": 3}
+    before = json.loads((directory / "11" / "meta" / "metadata").read_text())
+    assert before["data"] == {"position": 11, "state": None}  # no rollback yet: no field
+    restored = ciclo.restore(directory, training.tasks(str(directory / "x"))[0], step=21)
+    assert restored.history.collect("rollbacks") == [1]
+
+
 def test_the_rollback_does_not_depend_on_when_the_nan_is_noticed(rolled_back, tmp_path):
     # The default history fetches every 0.5 s: this short run notices the NaN only when its
     # steps are over, and still rolls back to the same checkpoint and skips the same batches.
@@ -267,3 +278,21 @@ def test_two_processes_roll_back_at_one_step_and_resume_after_a_sigkill_to_the_s
         assert resumed["losses"] == first["losses"]
         np.testing.assert_allclose(resumed["w"], first["w"], rtol=1e-6)
         np.testing.assert_allclose(resumed["b"], first["b"], rtol=1e-6)
+
+
+def test_in_train_loop_the_skipped_batches_are_counted_when_the_data_ends_first(tmp_path):
+    state, todo = training.tasks(str(tmp_path))
+    step, rollback, _ = next(iter(todo.values()))
+    ckpt = todo[list(todo)[1]]
+    data = training.batches()[:30]
+    # epochs=1 stops after 30 steps; three batches are skipped, so the data ends first.
+    with pytest.warns(RuntimeWarning, match=r"after 30 batches \(step 27, 3 of them skipped"):
+        final, history, elapsed = ciclo.train_loop(
+            state,
+            data,
+            {ciclo.on_train_step: step, ciclo.every(5): ckpt},
+            callbacks=[rollback],
+            epochs=1,
+        )
+    assert history.collect("steps", "rollbacks", "fault_step") == ([11], [1], [13])
+    assert np.asarray(final["seen"]).tolist()[:30] == [1] * 11 + [0] * 3 + [1] * 16

@@ -36,7 +36,7 @@ field                what it holds
 ``initial_elapsed``  the count the run's loop started from.
 ``data``             ``{"position": batches drawn from the dataset, "state": its state_dict()
                      or None, "skipped": batches of them that rollbacks skipped}``
-                     (``LoopState.skipped_batches``; optional: 0 when absent).
+                     (``LoopState.skipped_batches``; written when not 0, absent: 0).
 ``state_leaves``     ``[path, kind, shape, dtype, saved]`` for each leaf of the state: what a
                      restore target is checked against.
 ``schedules``        each task's ``schedule.state_dict()``, in task order.
@@ -743,7 +743,7 @@ def _items(loop_state: LoopState, *, host_copy: bool) -> dict[str, Any]:
             - loop_state.initial_elapsed.steps
             + loop_state.skipped_batches,
             "state": _split(live["dataset"], arrays, "the dataset's state_dict()"),
-            "skipped": loop_state.skipped_batches,
+            **({"skipped": loop_state.skipped_batches} if loop_state.skipped_batches else {}),
         },
         "state_leaves": described,
         "schedules": copy.deepcopy(

@@ -106,8 +106,8 @@ def run_ending(loop_state: LoopState, stop_reached: bool) -> dict[str, Any] | No
 #: How the warning of a dataset that ended before ``stop`` begins.
 DATA_ENDED = "ciclo: the dataset ended"
 _DATA_ENDED_BEFORE_STOP = DATA_ENDED + (
-    " after {drawn} batches (step {step}), before stop={stop} was reached: the run ends here. "
-    "Give more data (more epochs, a repeated dataset) or a smaller stop."
+    " after {drawn} batches (step {step}{skipped}), before stop={stop} was reached: the run "
+    "ends here. Give more data (more epochs, a repeated dataset) or a smaller stop."
 )
 
 
@@ -119,14 +119,18 @@ def record_ending(loop_state: LoopState, stop: int | Period | None) -> None:
     loop_state.ending = run_ending(loop_state, reached)
     ending = loop_state.ending
     if period is not None and ending is not None and ending["reason"] == "data":
-        drawn = loop_state.elapsed.steps - loop_state.initial_elapsed.steps
+        skipped = loop_state.skipped_batches
+        drawn = loop_state.elapsed.steps - loop_state.initial_elapsed.steps + skipped
+        of_them = f", {skipped} of them skipped by rollback_on_nan" if skipped else ""
         shown = (
             stop
             if isinstance(stop, int)
             else "ciclo.at({})".format(", ".join(f"{k}={v:g}" for k, v in period.fields().items()))
         )
         warnings.warn(
-            _DATA_ENDED_BEFORE_STOP.format(drawn=drawn, step=loop_state.elapsed.steps, stop=shown),
+            _DATA_ENDED_BEFORE_STOP.format(
+                drawn=drawn, step=loop_state.elapsed.steps, skipped=of_them, stop=shown
+            ),
             RuntimeWarning,
             stacklevel=4,
         )
