@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import ciclo
+from ciclo._checkpoint import _rollback
 from ciclo.testing import free_port, run_on_loopback
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -69,6 +70,22 @@ def test_later_checkpoints_hold_the_skipped_batches_and_the_rollback(rolled_back
     assert before["data"] == {"position": 11, "state": None}  # no rollback yet: no field
     restored = ciclo.restore(directory, training.tasks(str(directory / "x"))[0], step=21)
     assert restored.history.collect("rollbacks") == [1]
+
+
+def test_a_nan_noticed_mid_run_stops_the_engine_there_and_rolls_back(
+    rolled_back, tmp_path, monkeypatch
+):
+    # It looks at every step, and the history fetches every 16 steps: the NaN of step 13,
+    # fetched after step 15, is seen at step 16, and the engine stops after it.
+    monkeypatch.setattr(_rollback, "LOOK_SECONDS", 0.0)
+    drawn = []
+    state, todo = training.tasks(str(tmp_path))
+    next(iter(todo.values())).append(lambda s, b, elapsed: drawn.append(elapsed.steps))
+    run = ciclo.loop(
+        state, training.batches(), todo, stop=30, history=ciclo.history(fetch_interval=0.0)
+    )
+    assert drawn == [*range(17), *range(11, 30)]
+    assert training.fingerprint(*run) == rolled_back[1]
 
 
 def test_the_rollback_does_not_depend_on_when_the_nan_is_noticed(rolled_back, tmp_path):
@@ -287,7 +304,7 @@ def test_in_train_loop_the_skipped_batches_are_counted_when_the_data_ends_first(
     data = training.batches()[:30]
     # epochs=1 stops after 30 steps; three batches are skipped, so the data ends first.
     with pytest.warns(RuntimeWarning, match=r"after 30 batches \(step 27, 3 of them skipped"):
-        final, history, elapsed = ciclo.train_loop(
+        final, history, _ = ciclo.train_loop(
             state,
             data,
             {ciclo.on_train_step: step, ciclo.every(5): ckpt},
