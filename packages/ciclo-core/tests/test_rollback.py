@@ -247,7 +247,8 @@ def test_a_monitor_not_logged_is_named_with_the_entries(ckpt):
 
 
 def test_a_run_without_faults_is_unchanged(ckpt):
-    tasks = {ciclo.every(1): [_step, ciclo.rollback_on_nan(ckpt)], ciclo.every(2): ckpt}
+    rollback = ciclo.rollback_on_nan(ckpt.directory)  # the directory finds the checkpoint
+    tasks = {ciclo.every(1): [_step, rollback], ciclo.every(2): ckpt}
     _, history, elapsed = ciclo.loop(jnp.ones(()), [np.ones(2)] * 5, tasks)
     assert elapsed.steps == 5
     assert history.collect("loss") == [1.0] * 5

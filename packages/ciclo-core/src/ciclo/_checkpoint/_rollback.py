@@ -100,7 +100,7 @@ class RollbackOnNaN(LoopCallbackBase):
     loop's end), so a fault is noticed a few steps late; the checkpoint it goes back to
     was written at or before the faulty step, so the faulty update is never kept. After
     ``max_rollbacks`` rollbacks the next fault stops training, as
-    :class:`ciclo.terminate_on_nan` does. With several processes, the stop and the
+    :class:`ciclo.TerminateOnNaN` does. With several processes, the stop and the
     rollback happen at one agreed step, and the faulty step is the first one on any
     process.
 
@@ -187,14 +187,14 @@ class RollbackOnNaN(LoopCallbackBase):
     def __loop_callback__(self, loop_state: LoopState) -> None:
         if self._loop is not loop_state:
             self._start(loop_state)
+        if self._key is None:  # at the first step that logs (the same on every process)
+            self._key = self._key_in(loop_state.logs, loop_state)
+            if self._key is None:
+                return
         now = _time.monotonic()
         if self._fault is not None or now < self._next_look:
             return
         self._next_look = now + LOOK_SECONDS
-        if self._key is None:
-            self._key = self._key_in(loop_state.logs, loop_state)
-            if self._key is None:
-                return
         self._fault = self._scan(loop_state, fetch=False)
         if self._fault is not None:
             step, what = self._fault
