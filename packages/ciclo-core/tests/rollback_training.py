@@ -146,16 +146,24 @@ def _process_main(directory: str, process: int, port: int, die_at: int | None) -
 
     join_loopback(process, 2, port)
     import ciclo
+    from ciclo._checkpoint import _rollback
 
+    # It looks at the history at every step; only process 0's history fetches often, so
+    # process 0 notices the NaN mid-run and process 1 follows the agreed stop.
+    _rollback.LOOK_SECONDS = 0.0
     state, todo = tasks(os.path.join(directory, "ckpt"), managed=True, die_at=die_at)
+    drawn: list[int] = []
+    next(iter(todo.values())).append(lambda s, b, elapsed: drawn.append(elapsed.steps))
     state, history, elapsed = ciclo.loop(
         state,
         batches(process, 2),
         todo,
         stop=STEPS,
-        history=ciclo.history(fetch_interval=0.0),
+        history=ciclo.history(fetch_interval=0.0 if process == 0 else 60.0),
         resume=os.path.join(directory, "ckpt"),
+        agree_every=2,  # a requested stop takes effect within 3 steps
     )
+    back = [i for i in range(1, len(drawn)) if drawn[i] < drawn[i - 1]]
     record = history.collect("steps", "rollbacks", "skipped_batches", "skipped_from", "fault_step")
     result = {
         "w": np.asarray(state.params["w"]).tolist(),
@@ -163,6 +171,7 @@ def _process_main(directory: str, process: int, port: int, die_at: int | None) -
         "steps": elapsed.steps,
         "losses": history.collect("loss"),
         "rollbacks": [list(r) for r in zip(*record, strict=True)],
+        "stopped_after": [drawn[i - 1] for i in back],  # the step the engine stopped after
     }
     Path(directory, f"result{process}.json").write_text(json.dumps(result))
 

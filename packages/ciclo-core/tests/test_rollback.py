@@ -286,12 +286,17 @@ def test_two_processes_roll_back_at_one_step_and_resume_after_a_sigkill_to_the_s
     first, second = _results(whole)
     assert first == second  # the same rollback, at the same step, on both processes
     assert first["rollbacks"] == [ROLLBACK]
+    # Process 0 noticed the NaN of step 13 when its history fetched (after step 15); the
+    # processes stopped at one agreed step soon after (agree_every=2: within 3 steps).
+    (stopped,) = first["stopped_after"]
+    assert 16 <= stopped <= 19
     assert first["steps"] == training.STEPS
     assert all(math.isfinite(v) for v in [*first["w"], first["b"], *first["losses"]])
     assert _job(killed, "--die-at", "23") == [-9, -9]
     assert not (killed / "result0.json").exists()
     _job(killed)  # the same command resumes it
     for resumed in _results(killed):
+        assert resumed["stopped_after"] == []  # resumed after the rollback
         assert resumed["rollbacks"] == first["rollbacks"]
         assert resumed["losses"] == first["losses"]
         np.testing.assert_allclose(resumed["w"], first["w"], rtol=1e-6)

@@ -403,16 +403,19 @@ class Checkpoint(LoopCallbackBase):
         a URL, where nothing can be renamed. With several processes every process calls
         it at the same step; process 0 renames. Returns their steps."""
         self.wait()
+        gather_to_all("checkpoint set aside: ready", step)  # no process reads them any more
         manager = self._open()
-        manager.reload()
-        later = [s for s in _format.steps_on_disk(manager, self.directory) if s > step]
-        if later and writes_here(OUTPUT_PROCESS):
+        later: list[int] = []
+        if writes_here(OUTPUT_PROCESS):
+            manager.reload()
+            later = [s for s in _format.steps_on_disk(manager, self.directory) if s > step]
             for s in later:
                 if "://" in self.directory:
                     manager.delete(s)
                 else:
                     _format.set_aside(self.directory, s, "rolled-back")
-        gather_to_all("checkpoint set aside", later)  # the others wait for the renames
+        # The others wait for the renames, and learn which steps they were.
+        later = gather_to_all("checkpoint set aside: done", later)[OUTPUT_PROCESS]
         manager.reload()
         if self._last_step is not None and self._last_step > step:
             self._last_step = step
