@@ -12,6 +12,8 @@ from ._checkpoint._callback import checkpoint as checkpoint
 from ._checkpoint._restore import Restored as Restored
 from ._checkpoint._restore import restore as restore
 from ._checkpoint._restore import restore_best as restore_best
+from ._checkpoint._rollback import RollbackOnNaN as RollbackOnNaN
+from ._checkpoint._rollback import rollback_on_nan as rollback_on_nan
 from ._data._stateful import stateful_dataset as stateful_dataset
 from ._loop._base import LoopCallbackBase as LoopCallbackBase
 from ._loop._callback import Callback as Callback

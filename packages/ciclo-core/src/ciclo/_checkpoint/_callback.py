@@ -14,7 +14,7 @@ import jax
 
 from .._loop._base import LoopCallbackBase
 from .._loop._state import LoopState
-from .._processes._agreement import fault_of_another_process
+from .._processes._agreement import fault_of_another_process, gather_to_all
 from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records import _host
 from .._time._schedules import Schedule, every
@@ -395,6 +395,32 @@ class Checkpoint(LoopCallbackBase):
             stacklevel=2,
         )
         manager.reload()
+
+    def set_aside_after(self, step: int) -> list[int]:
+        """Puts the checkpoints of steps after ``step`` out of the way of this run (a
+        rollback went back to checkpoint ``step``: they hold the abandoned steps): renamed
+        to ``<step>.rolled-back`` (a local directory; kept, never deleted), or deleted on
+        a URL, where nothing can be renamed. With several processes every process calls
+        it at the same step; process 0 renames. Returns their steps."""
+        self.wait()
+        gather_to_all("checkpoint set aside: ready", step)  # no process reads them any more
+        manager = self._open()
+        later: list[int] = []
+        if writes_here(OUTPUT_PROCESS):
+            manager.reload()
+            later = [s for s in _format.steps_on_disk(manager, self.directory) if s > step]
+            for s in later:
+                if "://" in self.directory:
+                    manager.delete(s)
+                else:
+                    _format.set_aside(self.directory, s, "rolled-back")
+        # The others wait for the renames, and learn which steps they were.
+        later = gather_to_all("checkpoint set aside: done", later)[OUTPUT_PROCESS]
+        manager.reload()
+        if self._last_step is not None and self._last_step > step:
+            self._last_step = step
+        self._end_step = None
+        return later
 
     # --- waiting and errors -------------------------------------------------------------------
     def _raise_failed_save(self) -> None:

@@ -35,7 +35,8 @@ field                what it holds
 ``elapsed``          ``Elapsed.to_dict()`` after the step that was saved.
 ``initial_elapsed``  the count the run's loop started from.
 ``data``             ``{"position": batches drawn from the dataset, "state": its state_dict()
-                     or None}``.
+                     or None, "skipped": batches of them that rollbacks skipped}``
+                     (``LoopState.skipped_batches``; written when not 0, absent: 0).
 ``state_leaves``     ``[path, kind, shape, dtype, saved]`` for each leaf of the state: what a
                      restore target is checked against.
 ``schedules``        each task's ``schedule.state_dict()``, in task order.
@@ -738,8 +739,11 @@ def _items(loop_state: LoopState, *, host_copy: bool) -> dict[str, Any]:
         "elapsed": loop_state.elapsed.to_dict(),
         "initial_elapsed": loop_state.initial_elapsed.to_dict(),
         "data": {
-            "position": loop_state.elapsed.steps - loop_state.initial_elapsed.steps,
+            "position": loop_state.elapsed.steps
+            - loop_state.initial_elapsed.steps
+            + loop_state.skipped_batches,
             "state": _split(live["dataset"], arrays, "the dataset's state_dict()"),
+            **({"skipped": loop_state.skipped_batches} if loop_state.skipped_batches else {}),
         },
         "state_leaves": described,
         "schedules": copy.deepcopy(
@@ -888,6 +892,7 @@ class Contents(NamedTuple):
     logs: dict[str, Any]  #: the loop's latest logs, ``{collection: {name: value}}``
     data_position: int  #: how many batches the run had drawn from its dataset
     data_state: Any  #: this process's ``state_dict()`` of the dataset, ``None``, or OtherTopology
+    data_skipped: int = 0  #: how many of the batches drawn rollbacks skipped
 
 
 class DamagedCheckpoint(ValueError):
@@ -1070,6 +1075,7 @@ def read(manager: Any, path: str, step: int, target: Any, *, copies: bool = True
         logs=meta["logs"],
         data_position=int(meta["data"]["position"]),
         data_state=_own_data_state(meta["data"]["state"]),
+        data_skipped=int(meta["data"].get("skipped", 0)),
     )
 
 

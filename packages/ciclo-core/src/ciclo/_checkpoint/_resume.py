@@ -47,7 +47,7 @@ from .._time._elapsed import Period, as_period
 from . import _format
 from ._in_place import restore_in_place
 
-__all__ = ["resume", "load_tasks", "skip_consumed", "is_elastic"]
+__all__ = ["resume", "load_tasks", "put_back", "skip_consumed", "is_elastic"]
 
 _CANNOT_RESPLIT = (
     "the checkpoint holds the dataset state of {saved} process(es), and this run has "
@@ -233,16 +233,23 @@ def resume(
     return itertools.chain([first], batches)
 
 
-def _load(contents: _format.Contents, path: str, loop_state: LoopState) -> Iterable[Any]:
-    """Puts ``contents`` into ``loop_state``; returns the dataset past the consumed
-    batches."""
+def put_back(contents: _format.Contents, path: str, loop_state: LoopState) -> None:
+    """Puts ``contents`` into ``loop_state``: the state, counts, history, latest logs and
+    the state of its schedules and stateful callbacks (the dataset is the caller's)."""
     where = f"checkpoint {contents.step} in {path!r}"
     load_tasks(loop_state.inputs.tasks, contents, where)
     loop_state.state = restore_in_place(loop_state.state, contents.state)
     loop_state.elapsed = contents.elapsed
     loop_state.initial_elapsed = contents.initial_elapsed
+    loop_state.skipped_batches = contents.data_skipped
     loop_state.history.load_state_dict(contents.history)
     loop_state.accumulated_logs = Logs(contents.logs)
+
+
+def _load(contents: _format.Contents, path: str, loop_state: LoopState) -> Iterable[Any]:
+    """Puts ``contents`` into ``loop_state``; returns the dataset past the consumed
+    batches."""
+    put_back(contents, path, loop_state)
     loop_state.resumed = True
     return skip_consumed(loop_state.inputs.dataset, contents.data_position, contents.data_state)
 
@@ -263,6 +270,7 @@ def _finished(
     loop_state.state = restore_in_place(loop_state.state, contents.state)
     loop_state.elapsed = contents.elapsed
     loop_state.initial_elapsed = contents.initial_elapsed
+    loop_state.skipped_batches = contents.data_skipped
     loop_state.history.load_state_dict(contents.history)
     loop_state.accumulated_logs = Logs(contents.logs)
     loop_state.resumed = loop_state.finished = True

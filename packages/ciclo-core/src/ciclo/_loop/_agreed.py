@@ -84,6 +84,7 @@ class AgreedDecisions:
         self.requested_reason: str | None = None
         self.preemption = preemption_service_on()
         self.round = 0
+        self.first_round = 0  # the round read without a round before it (waits for all)
         self.next_round = 0
         self.round_every = agreement.every or 1
         self.local_samples = 0
@@ -108,6 +109,14 @@ class AgreedDecisions:
         self.clock = (steps.elapsed.time, steps.elapsed.date)
         self.next_round = steps.elapsed.steps
         steps.pause_before(self.next_round, self._before_batch)
+
+    def restart(self, steps: elapse) -> None:
+        """The loop runs again from an earlier point (a rollback, agreed at the step where
+        every process stopped): the stop it agreed on is done with, and ``steps`` (the
+        batches from that point) pause before their first batch for a round."""
+        self.requested, self.requested_reason = False, None
+        self.first_round = self.round  # waits for everyone: the round before asked the stop
+        self.attach(steps)
 
     # --- what the loop state asks (StopArbiter) ----------------------------------------------
     def request(self, reason: str | None) -> None:
@@ -166,7 +175,7 @@ class AgreedDecisions:
         self.agreement.post(number, self._record(step, ended=None))
         # The first round waits for everyone (the processes start together); later ones
         # read the round before, published a round ago.
-        previous = number if number == 0 else number - 1
+        previous = number if number == self.first_round else number - 1
         records = self.agreement.read(previous, what=f"step {step}")
         self.round_every = int(records[0]["every"])
         self.next_round = step + self.round_every

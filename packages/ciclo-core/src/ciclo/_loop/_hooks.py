@@ -15,6 +15,14 @@ never probes a callback with ``hasattr`` elsewhere: it asks the helpers of this 
     up on the class of the callback object, or of the object behind a bound method
     (:func:`end_hook_owners`).
 
+``__loop_restart__(loop_state) -> batches or None`` (:class:`RestartHook`)
+    Called by the outermost loop each time the engine has returned (its data or ``stop``
+    reached, or a callback's stop), before the end hooks, unless a signal stopped it: a
+    callback that puts the loop back to an earlier point (a rollback) does so and returns
+    the batches to run from there, and the engine runs again; ``None``: the loop ends.
+    With several processes every process calls it at the same step. Looked up like
+    ``__loop_end__`` (:func:`restart_hook_owners`).
+
 ``__loop_observer__ = True`` (:class:`Observer`, a class attribute)
     The callback only reads the loop (a progress bar, a logger) and returns nothing: inside a
     group of fused steps it runs once, after the group, instead of cutting it
@@ -58,6 +66,7 @@ from ._state import LoopState
 __all__ = [
     "LoopCallback",
     "EndHook",
+    "RestartHook",
     "Observer",
     "FusableCallback",
     "Stateful",
@@ -67,6 +76,7 @@ __all__ = [
     "is_fusable",
     "steps_per_call",
     "end_hook_owners",
+    "restart_hook_owners",
     "lowered",
     "as_stateful",
     "is_stateful",
@@ -86,6 +96,12 @@ class EndHook(Protocol):
     """A callback object told when its loop ends (``error`` is ``None`` on a normal end)."""
 
     def __loop_end__(self, loop_state: LoopState, error: BaseException | None) -> None: ...
+
+
+class RestartHook(Protocol):
+    """A callback object that can put a stopped loop back to an earlier point."""
+
+    def __loop_restart__(self, loop_state: LoopState) -> Iterable[Any] | None: ...
 
 
 class Observer(Protocol):
@@ -185,6 +201,25 @@ def end_hook_owners(fns: Iterable[Any]) -> list[EndHook]:
     for fn in fns:
         for owner in (fn, getattr(fn, "__self__", None)):
             if owner is not None and callable(getattr(type(owner), "__loop_end__", None)):
+                found.setdefault(id(owner), owner)
+    return list(found.values())
+
+
+def restart_hook_owners(fns: Iterable[Any]) -> list[RestartHook]:
+    """The distinct objects behind ``fns`` whose class defines ``__loop_restart__``, in
+    order of appearance (as :func:`end_hook_owners`).
+
+    Example:
+        >>> class Rollback:
+        ...     def __loop_restart__(self, loop_state): ...
+        >>> rollback = Rollback()
+        >>> restart_hook_owners([print, rollback, rollback]) == [rollback]
+        True
+    """
+    found: dict[int, Any] = {}
+    for fn in fns:
+        for owner in (fn, getattr(fn, "__self__", None)):
+            if owner is not None and callable(getattr(type(owner), "__loop_restart__", None)):
                 found.setdefault(id(owner), owner)
     return list(found.values())
 

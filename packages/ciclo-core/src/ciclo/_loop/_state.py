@@ -14,6 +14,7 @@ from ._naming import callback_name
 
 __all__ = [
     "DATA_ENDED",
+    "ROLLING_BACK",
     "ENDING_WORDS",
     "LoopInputs",
     "LoopState",
@@ -55,12 +56,17 @@ class StopArbiter(Protocol):
 #: any other callback setting ``stop_iteration``): a resumed run stays finished unless
 #: ``resume_stopped=True``.
 STOPPED_ENDINGS = ("early_stopping", "nan", "callback")
+#: How ``stop_reason`` begins when ``rollback_on_nan`` stopped the engine to roll back: the
+#: run is not over (the loop restarts from a checkpoint, or, stopped by a signal meanwhile,
+#: it is interrupted, to be resumed).
+ROLLING_BACK = "rollback_on_nan: rolling back"
+
 #: What a run's ending says in messages.
 ENDING_WORDS = {
     "stop": "its stop was reached",
     "data": "its data ran out",
     "early_stopping": "early stopping ended it",
-    "nan": "the NaN guard (terminate_on_nan) ended it",
+    "nan": "the NaN guard (terminate_on_nan or rollback_on_nan) ended it",
     "callback": "a callback stopped it",
 }
 
@@ -68,9 +74,10 @@ ENDING_WORDS = {
 def run_ending(loop_state: LoopState, stop_reached: bool) -> dict[str, Any] | None:
     """Why and where a loop that went through its steps ended: ``{"reason", "step",
     "message"}``, where ``reason`` is ``"stop"`` (its ``stop`` was reached), ``"data"``
-    (its dataset ran out first), ``"early_stopping"``, ``"nan"`` (``terminate_on_nan``)
-    or ``"callback"`` (another callback stopped it); ``None`` for a loop stopped by a
-    signal (a preemption or Ctrl-C: the run is interrupted, not finished).
+    (its dataset ran out first), ``"early_stopping"``, ``"nan"`` (``terminate_on_nan``,
+    or ``rollback_on_nan`` past its last rollback) or ``"callback"`` (another callback
+    stopped it); ``None`` for a loop stopped by a signal (a preemption or Ctrl-C: the run
+    is interrupted, not finished) or by ``rollback_on_nan`` to roll back.
 
     Example:
         >>> import ciclo
@@ -83,11 +90,11 @@ def run_ending(loop_state: LoopState, stop_reached: bool) -> dict[str, Any] | No
     """
     why = loop_state.stop_reason or ""
     if loop_state.stop_iteration:
-        if why.startswith("stopped by"):
+        if why.startswith(("stopped by", ROLLING_BACK)):
             return None
         if why.startswith("early_stopping"):
             reason = "early_stopping"
-        elif why.startswith("terminate_on_nan"):
+        elif why.startswith(("terminate_on_nan", "rollback_on_nan")):
             reason = "nan"
         else:
             reason = "callback"
@@ -99,8 +106,8 @@ def run_ending(loop_state: LoopState, stop_reached: bool) -> dict[str, Any] | No
 #: How the warning of a dataset that ended before ``stop`` begins.
 DATA_ENDED = "ciclo: the dataset ended"
 _DATA_ENDED_BEFORE_STOP = DATA_ENDED + (
-    " after {drawn} batches (step {step}), before stop={stop} was reached: the run ends here. "
-    "Give more data (more epochs, a repeated dataset) or a smaller stop."
+    " after {drawn} batches (step {step}{skipped}), before stop={stop} was reached: the run "
+    "ends here. Give more data (more epochs, a repeated dataset) or a smaller stop."
 )
 
 
@@ -112,14 +119,18 @@ def record_ending(loop_state: LoopState, stop: int | Period | None) -> None:
     loop_state.ending = run_ending(loop_state, reached)
     ending = loop_state.ending
     if period is not None and ending is not None and ending["reason"] == "data":
-        drawn = loop_state.elapsed.steps - loop_state.initial_elapsed.steps
+        skipped = loop_state.skipped_batches
+        drawn = loop_state.elapsed.steps - loop_state.initial_elapsed.steps + skipped
+        of_them = f", {skipped} of them skipped by rollback_on_nan" if skipped else ""
         shown = (
             stop
             if isinstance(stop, int)
             else "ciclo.at({})".format(", ".join(f"{k}={v:g}" for k, v in period.fields().items()))
         )
         warnings.warn(
-            _DATA_ENDED_BEFORE_STOP.format(drawn=drawn, step=loop_state.elapsed.steps, stop=shown),
+            _DATA_ENDED_BEFORE_STOP.format(
+                drawn=drawn, step=loop_state.elapsed.steps, skipped=of_them, stop=shown
+            ),
             RuntimeWarning,
             stacklevel=4,
         )
@@ -146,6 +157,9 @@ class LoopState:
             interrupted loop had started from), so ``elapsed.steps -
             initial_elapsed.steps`` batches were drawn from the dataset.
         resumed: ``True`` when the loop continued a run from a checkpoint.
+        skipped_batches: how many batches of the dataset rollbacks skipped
+            (:class:`ciclo.RollbackOnNaN`), so the dataset's position is ``elapsed.steps
+            - initial_elapsed.steps + skipped_batches``; checkpoints save it.
         evaluated: ``True`` once every evaluation set of ``train_loop`` has been evaluated
             in this loop (always ``True`` in other loops): from then on, a monitor missing
             from the logs at an epoch's end was never logged, not just not evaluated yet.
@@ -179,6 +193,7 @@ class LoopState:
         "logs",
         "metadata",
         "resumed",
+        "skipped_batches",
         "state",
     )
 
@@ -202,6 +217,7 @@ class LoopState:
         self.inputs = inputs if inputs is not None else LoopInputs()
         self.initial_elapsed = elapsed
         self.resumed = False
+        self.skipped_batches = 0
         self.evaluated = True
         self.ending: dict[str, Any] | None = None
         self.finished = False

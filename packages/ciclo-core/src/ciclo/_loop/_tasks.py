@@ -1,18 +1,19 @@
 """A loop's ``tasks`` argument, read once: ``{schedule: callback | [callbacks]}`` as a list
-of ``(Schedule, [Callback])``, and the hooks its callbacks implement at the loop's end."""
+of ``(Schedule, [Callback])``, and the hooks its callbacks implement when the engine
+returns (a restart) and at the loop's end."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .._time._schedules import NamedSchedule, Schedule, as_schedule
 from ._callback import Callback, as_callback
-from ._hooks import EndHook
+from ._hooks import EndHook, RestartHook
 from ._naming import callback_name
 from ._state import LoopState
 
-__all__ = ["Tasks", "normalize_tasks", "as_callback_list", "run_end_hooks"]
+__all__ = ["Tasks", "normalize_tasks", "as_callback_list", "run_end_hooks", "restart"]
 
 Tasks = Mapping[Any, Any]
 
@@ -80,3 +81,18 @@ def run_end_hooks(hooks: list[EndHook], loop_state: LoopState, error: BaseExcept
                 hook_error.add_note(f"(in ciclo callback {callback_name(owner)}.__loop_end__)")
                 raise
             error.add_note(f"(and {callback_name(owner)}.__loop_end__ failed: {hook_error!r})")
+
+
+def restart(hooks: list[RestartHook], loop_state: LoopState) -> Iterable[Any] | None:
+    """After the engine returned: the batches to run the engine on again, from the first
+    hook that put the loop back to an earlier point (``__loop_restart__``), or ``None``
+    when the loop ends."""
+    for owner in hooks:
+        try:
+            batches = owner.__loop_restart__(loop_state)
+        except Exception as error:
+            error.add_note(f"(in ciclo callback {callback_name(owner)}.__loop_restart__)")
+            raise
+        if batches is not None:
+            return batches
+    return None

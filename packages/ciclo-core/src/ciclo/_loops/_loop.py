@@ -3,7 +3,8 @@
 It reads top to bottom, in the order a run happens: the arguments are checked, the tasks
 read, a checkpoint to resume from is put back, the processes of a job agree (several
 processes only), the signals that stop a run gracefully are caught, ``on_start`` runs, the
-engine (:func:`ciclo._loop._engine.run`) runs every batch, the loop's end hooks and
+engine (:func:`ciclo._loop._engine.run`) runs every batch (again from an earlier point
+after a callback such as ``rollback_on_nan`` put the loop back there), the loop's end hooks and
 ``on_end`` run, and a run stopped by SIGTERM exits with its status. The engine knows none
 of these: each composes around it.
 """
@@ -20,11 +21,11 @@ from .._checkpoint import _resume
 from .._loop._agreed import AgreedDecisions
 from .._loop._arguments import check_arguments, check_dataset, checked_batch_size_fn
 from .._loop._engine import run
-from .._loop._hooks import end_hook_owners
+from .._loop._hooks import end_hook_owners, restart_hook_owners
 from .._loop._signals import exit_if_terminated, stop_gracefully_on
 from .._loop._state import LoopInputs, LoopState, record_ending
 from .._loop._step import commit, run_callbacks
-from .._loop._tasks import Tasks, as_callback_list, normalize_tasks, run_end_hooks
+from .._loop._tasks import Tasks, as_callback_list, normalize_tasks, restart, run_end_hooks
 from .._processes._agreement import (
     ProcessFailedError,
     end_agreement,
@@ -168,7 +169,9 @@ def loop(
     start_callbacks = as_callback_list(on_start)
     end_callbacks = as_callback_list(on_end)
     every_callback = itertools.chain(start_callbacks, *(c for _, c in task_list), end_callbacks)
-    end_hooks = end_hook_owners(callback.fn for callback in every_callback)
+    every_fn = [callback.fn for callback in every_callback]
+    end_hooks = end_hook_owners(every_fn)
+    restarts = restart_hook_owners(every_fn)
     history = History() if history is None else history
     loop_state = LoopState(
         state,
@@ -196,18 +199,24 @@ def loop(
         if loop_state.finished:
             run_end_hooks(end_hooks, loop_state, None)  # they release what they hold
             return loop_state.state, history, loop_state.elapsed
-        steps = elapse(
-            source,
-            stop=stop,
-            initial=loop_state.elapsed,
-            batch_size_fn=(
-                batch_size_fn
-                if decisions is None
-                else decisions.batch_size_fn(loop_state.batch_size_fn)
-            ),
-            clock=decisions is None,
+        count_size = (
+            batch_size_fn
+            if decisions is None
+            else decisions.batch_size_fn(loop_state.batch_size_fn)
         )
-        loop_state.elapsed = steps.elapsed
+
+        def counted(batches: Iterable[Any]) -> elapse:
+            steps = elapse(
+                batches,
+                stop=stop,
+                initial=loop_state.elapsed,
+                batch_size_fn=count_size,
+                clock=decisions is None,
+            )
+            loop_state.elapsed = steps.elapsed
+            return steps
+
+        steps = counted(source)
         if decisions is not None:
             decisions.attach(steps)
         # 4. on_start (its logs are already in a resumed history).
@@ -220,6 +229,13 @@ def loop(
         with stop_gracefully_on(loop_state, stop_signals, received):
             try:
                 run(loop_state, steps, task_list, max_steps_in_flight=max_steps_in_flight)
+                # A callback that stopped the engine to roll the loop back (rollback_on_nan)
+                # put back an earlier state: the engine runs again from there.
+                while not received and (batches := restart(restarts, loop_state)) is not None:
+                    steps = counted(batches)
+                    if decisions is not None:
+                        decisions.restart(steps)
+                    run(loop_state, steps, task_list, max_steps_in_flight=max_steps_in_flight)
                 if decisions is not None:
                     decisions.finish(loop_state.elapsed.steps)
                 record_ending(loop_state, stop)

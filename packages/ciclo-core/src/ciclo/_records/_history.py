@@ -501,9 +501,10 @@ class History:
         return max(begin, int(drops[-1]) if len(drops) else 0)
 
     def numeric_since(
-        self, row: int, keys: Sequence[str]
+        self, row: int, keys: Sequence[str], *, fetch: bool = True
     ) -> tuple[np.ndarray, np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
-        """The rows from ``row`` on, on the host (pending values are fetched first):
+        """The rows from ``row`` on, on the host (pending values are fetched first; with
+        ``fetch=False`` they are left on device and the columns hold what was fetched):
         their ``steps`` and ``samples``, and for each of ``keys`` (``collection.name``)
         holding numbers, its ``(rows, values)`` there (copies; keys of other values left
         out). For readers that go through a run as it grows (a bar's running mean).
@@ -518,7 +519,8 @@ class History:
             >>> steps.tolist(), samples.tolist(), columns["losses.loss"][1].tolist()
             ([1, 2], [4, 8], [1.0, 2.0])
         """
-        self.fetch()
+        if fetch:
+            self.fetch()
         steps = np.frombuffer(self._elapsed["steps"], dtype=np.int64)[row:].copy()
         samples = np.frombuffer(self._elapsed["samples"], dtype=np.int64)[row:].copy()
         columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}

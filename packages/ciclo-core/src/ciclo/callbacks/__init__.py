@@ -11,6 +11,8 @@ Example:
 
 from .._checkpoint._callback import Checkpoint as Checkpoint
 from .._checkpoint._callback import checkpoint as checkpoint
+from .._checkpoint._rollback import RollbackOnNaN as RollbackOnNaN
+from .._checkpoint._rollback import rollback_on_nan as rollback_on_nan
 from ._early_stopping import EarlyStopping as EarlyStopping
 from ._early_stopping import TerminateOnNaN as TerminateOnNaN
 from ._early_stopping import early_stopping as early_stopping

@@ -1,0 +1,394 @@
+"""``ciclo.rollback_on_nan``: when the loss turns non-finite (or spikes), put the run back
+to its newest finite checkpoint from before the fault, skip the batches from there through
+the faulty one, and go on.
+
+It is composed around the engine, never inside a step: the callback reads the values the
+history has already fetched (no device sync of its own, so a fault is noticed a few steps
+late) and asks the loop to stop (``loop_state.request_stop``: with several processes at
+one agreed step). When the engine has returned, the loop calls its ``__loop_restart__``,
+which finds the first faulty row of the history, restores the checkpoint (state, counts,
+history, schedules and stateful callbacks, as a resume does), moves the dataset past the
+skipped batches, records the rollback in the history and hands the loop its batches, and
+the engine runs again.
+
+What makes a later resume exact: the checkpoints of the abandoned steps are set aside
+(:meth:`~ciclo.checkpoint.set_aside_after`), the rollback's row stays in the history,
+and ``loop_state.skipped_batches`` (saved in every checkpoint, ``data.skipped``) keeps the
+dataset's position: ``elapsed.steps - initial_elapsed.steps + skipped_batches``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time as _time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+import numpy as np
+
+from .._loop._base import LoopCallbackBase
+from .._loop._state import ROLLING_BACK, LoopState
+from .._processes._agreement import gather_to_all
+from .._processes._outputs import OUTPUT_PROCESS, writes_here
+from .._records._logs import Logs
+from . import _format
+from ._callback import Checkpoint
+from ._resume import put_back, skip_consumed
+
+__all__ = ["RollbackOnNaN", "rollback_on_nan"]
+
+#: How many of the latest finite values the running median of ``spike=`` is taken over,
+#: and how many it needs before a value can be a spike.
+MEDIAN_WINDOW = 100
+MEDIAN_MIN_VALUES = 10
+#: The seconds between two looks at what the history fetched (it fetches every 0.5 s by
+#: default): a step in between pays one clock read.
+LOOK_SECONDS = 0.1
+
+MSG_NO_CHECKPOINT = (
+    "rollback_on_nan: no ciclo.checkpoint of this loop writes {directory!r}, so there is "
+    "nothing to roll back to. Put the checkpoint in the loop's tasks (e.g. "
+    "{{ciclo.every(100): ckpt, ciclo.every(1): [train_step, rollback]}}), or give "
+    "rollback_on_nan the checkpoint the loop writes."
+)
+MSG_ONE_SHOT = (
+    "rollback_on_nan: the dataset is a one-shot iterator ({kind}), which cannot go back "
+    "to a checkpoint's batch. Give a sequence of batches (a list, an array), a dataset "
+    "that yields the same batches each time it is iterated, or a stateful one "
+    "(ciclo.stateful_dataset, a loader with state_dict()/load_state_dict())."
+)
+MSG_MONITOR_MISSING = (
+    "rollback_on_nan: monitor {monitor!r} is not in the logs of step {step}; entries: "
+    "{entries}. Monitor a scalar the step logs (e.g. 'loss' or 'losses.loss'), and place "
+    "rollback_on_nan after the step that logs it."
+)
+MSG_NOTHING_BEFORE = (
+    "rollback_on_nan: {fault} at step {step}, and no finite checkpoint in {directory!r} "
+    "was written before it (at a step <= {step}); training stopped. Save checkpoints more "
+    "often, or keep more of them (checkpoint(keep=...))."
+)
+MSG_TOO_MANY = (
+    "rollback_on_nan: {fault} at step {step}, after {count} rollbacks "
+    "(max_rollbacks={most}); training stopped."
+)
+MSG_ROLLED_BACK = (
+    "rollback_on_nan: {fault} at step {step}; rolled back to checkpoint {restored} and "
+    "skipped the {skipped} batches from position {first} through the faulty one "
+    "(rollback {count} of at most {most})."
+)
+
+
+class RollbackOnNaN(LoopCallbackBase):
+    """Rolls the run back to its newest finite checkpoint when the monitored loss is NaN
+    or infinite (or, with ``spike=k``, more than ``k`` times its running median), skips
+    the batches from that checkpoint's data position through the one where the fault
+    appeared, and continues.
+
+    The state, ``elapsed``, history, schedules, stateful callbacks and data position all
+    come back from the checkpoint, as on a resume. The rollback is recorded in the
+    history, in one row at the step it went back to: ``rollbacks`` (how many so far),
+    ``skipped_batches`` (how many this one skipped), ``skipped_from`` (the data position
+    of the first) and ``fault_step``. Later checkpoints keep the skipped batches, so a run
+    killed after a rollback resumes to the same result as one never killed. Checkpoints
+    of the abandoned steps are renamed ``<step>.rolled-back`` (kept, never deleted).
+
+    It checks without a device sync of its own: it reads the values the history has
+    fetched (every ``fetch_interval``, 0.5 s by default; it looks every 0.1 s, and at the
+    loop's end), so a fault is noticed a few steps late; the checkpoint it goes back to
+    was written at or before the faulty step, so the faulty update is never kept. After
+    ``max_rollbacks`` rollbacks the next fault stops training, as
+    :class:`ciclo.TerminateOnNaN` does. With several processes, the stop and the
+    rollback happen at one agreed step, and the faulty step is the first one on any
+    process.
+
+    Args:
+        checkpoint: the ``ciclo.checkpoint`` the loop writes (or its directory); it must
+            be in the loop's tasks.
+        monitor: the log entry to watch (``"loss"``, ``"losses.loss"``).
+        spike: also roll back when the value is more than ``spike`` times the median of
+            its last 100 finite values (once 10 were seen; values above a median <= 0
+            are not spikes); ``None``: only non-finite values.
+        max_rollbacks: how many rollbacks a run may make; the fault after them stops it.
+        verbose: print each rollback and the stop.
+        file: where to print (stdout by default).
+
+    Use it after the train step, on every step (``{ciclo.every(1): [train_step,
+    rollback]}``), or in ``train_loop(callbacks=[ckpt, rollback])``. The dataset must be
+    able to go back: a sequence, a stateful dataset, or an iterable that yields the same
+    batches each time.
+
+    Example:
+        >>> import ciclo, tempfile
+        >>> ckpt = ciclo.checkpoint(tempfile.mkdtemp())
+        >>> ciclo.rollback_on_nan(ckpt, spike=10.0).max_rollbacks
+        3
+    """
+
+    __loop_observer__ = True  # reads the history only: runs once per fused group
+
+    def __init__(
+        self,
+        checkpoint: Checkpoint | str | os.PathLike[str],
+        *,
+        monitor: str = "loss",
+        spike: float | None = None,
+        max_rollbacks: int = 3,
+        verbose: bool = True,
+        file: IO[str] | None = None,
+    ) -> None:
+        if not isinstance(checkpoint, Checkpoint | str | os.PathLike):
+            raise TypeError(
+                f"rollback_on_nan(checkpoint={checkpoint!r}): give the ciclo.checkpoint the "
+                f"loop writes (or its directory)."
+            )
+        if not isinstance(monitor, str) or not monitor:
+            raise TypeError(
+                f"rollback_on_nan(monitor={monitor!r}): monitor must be the name of a log "
+                f"entry, e.g. 'loss' or 'losses.loss'."
+            )
+        if spike is not None and (
+            isinstance(spike, bool)
+            or not isinstance(spike, int | float)
+            or not (1 < spike < math.inf)  # NaN too
+        ):
+            raise ValueError(
+                f"rollback_on_nan(spike={spike!r}): spike must be a number > 1 (roll back "
+                f"when the value exceeds spike times its running median) or None."
+            )
+        if (
+            isinstance(max_rollbacks, bool)
+            or not isinstance(max_rollbacks, int)
+            or max_rollbacks < 0
+        ):
+            raise ValueError(
+                f"rollback_on_nan(max_rollbacks={max_rollbacks!r}): expected an int >= 0 "
+                f"(0 stops at the first fault, as terminate_on_nan)."
+            )
+        self.directory = _format.checkpoint_path(checkpoint)
+        self.monitor, self.spike, self.max_rollbacks = monitor, spike, max_rollbacks
+        self.verbose, self.file = verbose, file
+        self._loop: LoopState | None = None  # the loop whose history is being scanned
+        self._key: str | None = None  # the monitor's "collection.name"
+        self._scanned = 0  # the first history row not scanned yet
+        self._window: deque[float] = deque(maxlen=MEDIAN_WINDOW)
+        self._fault: tuple[int, str] | None = None  # (step, what) of the first fault seen
+        self._next_look = 0.0  # when to look at the history again (time.monotonic)
+
+    def __repr__(self) -> str:
+        return (
+            f"rollback_on_nan({self.directory!r}, monitor={self.monitor!r}, "
+            f"spike={self.spike!r}, max_rollbacks={self.max_rollbacks})"
+        )
+
+    # --- the check, at each step -----------------------------------------------------------
+    def __loop_callback__(self, loop_state: LoopState) -> None:
+        if self._loop is not loop_state:
+            self._start(loop_state)
+        if self._key is None:  # at the first step that logs (the same on every process)
+            self._key = self._key_in(loop_state.logs, loop_state)
+            if self._key is None:
+                return
+        now = _time.monotonic()
+        if self._fault is not None or now < self._next_look:
+            return
+        self._next_look = now + LOOK_SECONDS
+        self._fault = self._scan(loop_state, fetch=False)
+        if self._fault is not None:
+            step, what = self._fault
+            loop_state.request_stop(f"{ROLLING_BACK}: {what} at step {step}")
+
+    def on_train_batch_end(
+        self, state: Any, batch: Any, elapsed: Any, loop_state: LoopState
+    ) -> None:
+        self.__loop_callback__(loop_state)
+
+    def _start(self, loop_state: LoopState) -> None:
+        """A new loop (or the same one after a rollback): checks what a rollback needs, and
+        scans this run's rows of the history from the first."""
+        self._checkpoint_in(loop_state)
+        dataset = loop_state.inputs.dataset
+        if not _format.is_stateful_dataset(dataset) and isinstance(dataset, Iterator):
+            raise TypeError(MSG_ONE_SHOT.format(kind=type(dataset).__name__))
+        self._loop, self._fault, self._next_look = loop_state, None, 0.0
+        elapsed = loop_state.elapsed
+        self._scanned = loop_state.history.run_start(
+            loop_state.initial_elapsed.steps, elapsed.steps
+        )
+        self._window.clear()
+
+    def _checkpoint_in(self, loop_state: LoopState) -> Checkpoint:
+        """The ``ciclo.checkpoint`` of the loop that writes :attr:`directory`."""
+        for _, callbacks in loop_state.inputs.tasks:
+            for callback in callbacks:
+                fn = getattr(callback, "fn", callback)
+                for owner in (fn, getattr(fn, "__self__", None)):
+                    if isinstance(owner, Checkpoint) and owner.directory == self.directory:
+                        return owner
+        raise ValueError(MSG_NO_CHECKPOINT.format(directory=self.directory))
+
+    def _key_in(self, logs: Logs, loop_state: LoopState) -> str | None:
+        """The ``collection.name`` of the monitor in ``logs`` (``None`` while the step has
+        logged nothing yet)."""
+        entries = [(c, n) for c, n, _ in logs.entries()]
+        found = [f"{c}.{n}" for c, n in entries if self.monitor in (n, f"{c}.{n}")]
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise KeyError(
+                f"rollback_on_nan: monitor {self.monitor!r} is ambiguous, it could be any of "
+                f"{found}. Give its full name."
+            )
+        if entries:
+            raise KeyError(
+                MSG_MONITOR_MISSING.format(
+                    monitor=self.monitor,
+                    step=loop_state.elapsed.steps,
+                    entries=sorted(f"{c}.{n}" for c, n in entries),
+                )
+            )
+        return None
+
+    def _scan(self, loop_state: LoopState, *, fetch: bool) -> tuple[int, str] | None:
+        """The first fault in the rows not scanned yet that the history holds on the host
+        (all of them with ``fetch``): ``(step, what)``, or ``None``."""
+        assert self._key is not None
+        start = self._scanned
+        steps, _, columns = loop_state.history.numeric_since(start, [self._key], fetch=fetch)
+        if self._key not in columns:
+            return None
+        rows, values = columns[self._key]
+        window = self._window
+        for row, value in zip(rows.tolist(), values.tolist(), strict=True):
+            self._scanned = row + 1
+            what = None
+            if not math.isfinite(value):
+                what = f"{self.monitor} is {value}"
+            elif self.spike is not None and len(window) >= MEDIAN_MIN_VALUES:
+                median = float(np.median(window))
+                if median > 0 and value > self.spike * median:
+                    what = (
+                        f"{self.monitor} is {value:.6g}, more than {self.spike:g} times its "
+                        f"running median {median:.6g}"
+                    )
+            if what is not None:
+                return int(steps[row - start]), what
+            window.append(value)
+        return None
+
+    # --- the rollback, once the engine has returned -----------------------------------------
+    def __loop_restart__(self, loop_state: LoopState) -> Iterable[Any] | None:
+        """Rolls back when the loop stopped for it, or when it ran to its end with a fault
+        not noticed yet (every process, at the same step); returns the batches to run from
+        the checkpoint on, or ``None`` when the loop ends (no fault; after
+        ``max_rollbacks``; no checkpoint to go back to)."""
+        reason = loop_state.stop_reason
+        if loop_state.stop_iteration and not (reason or "").startswith(ROLLING_BACK):
+            return None  # another callback's stop: the run ends as it asked
+        if self._loop is not loop_state or self._key is None:
+            return None  # it never ran in this loop, or the monitor was never logged
+        if self._fault is None:  # not noticed yet (here): every value is fetched now
+            self._fault = self._scan(loop_state, fetch=True)
+        faults = [f for f in gather_to_all("rollback_on_nan fault", self._fault) if f is not None]
+        if not faults:
+            return None
+        step, what = min((int(s), str(w)) for s, w in faults)
+        count = self._rollbacks(loop_state)
+        if count >= self.max_rollbacks:
+            self._stop(loop_state, MSG_TOO_MANY, fault=what, step=step, count=count)
+            return None
+        checkpoint = self._checkpoint_in(loop_state)
+        checkpoint.wait()
+        found = self._newest_finite(loop_state, step)
+        restored = min(gather_to_all("rollback_on_nan checkpoint", found))
+        if restored < 0:
+            self._stop(loop_state, MSG_NOTHING_BEFORE, fault=what, step=step)
+            return None
+        contents = self._read(loop_state, restored)
+        # The data position of the faulty step's batch, counted before the state goes back.
+        fault_position = step - loop_state.initial_elapsed.steps + loop_state.skipped_batches
+        checkpoint.set_aside_after(restored)
+        put_back(contents, self.directory, loop_state)
+        skipped = fault_position + 1 - contents.data_position
+        loop_state.skipped_batches = contents.data_skipped + skipped
+        batches = _reposition(loop_state.inputs.dataset, contents, fault_position + 1)
+        row = Logs().add_metrics(
+            rollbacks=count + 1,
+            skipped_batches=skipped,
+            skipped_from=contents.data_position,
+            fault_step=step,
+        )
+        loop_state.history.commit(loop_state.elapsed, row)
+        loop_state.stop_iteration = False
+        self._loop = None  # the next step scans the restored history afresh
+        self._say(
+            MSG_ROLLED_BACK.format(
+                fault=what,
+                step=step,
+                restored=restored,
+                skipped=skipped,
+                first=contents.data_position,
+                count=count + 1,
+                most=self.max_rollbacks,
+            )
+        )
+        return batches
+
+    def _rollbacks(self, loop_state: LoopState) -> int:
+        """How many rollbacks the run made (its history's latest ``rollbacks``)."""
+        _, _, columns = loop_state.history.numeric_since(0, ["metrics.rollbacks"])
+        if "metrics.rollbacks" not in columns:
+            return 0
+        values = columns["metrics.rollbacks"][1]
+        return int(values[-1]) if len(values) else 0
+
+    def _newest_finite(self, loop_state: LoopState, step: int) -> int:
+        """The newest checkpoint of a finite state written at or before ``step`` (it holds
+        ``step`` steps or fewer: the faulty update is not in it); -1 when none is."""
+        manager = _format.open_reader(self.directory, must_exist=False)
+        if manager is None:
+            return -1
+        try:
+            steps = _format.steps_on_disk(manager, self.directory)
+            finite = [s for s in steps if s <= step and _format.is_finite_step(manager, s)]
+        finally:
+            manager.close()
+        return max(finite, default=-1)
+
+    def _read(self, loop_state: LoopState, step: int) -> _format.Contents:
+        manager = _format.open_reader(self.directory, must_exist=True)
+        try:
+            return _format.read(manager, self.directory, step, loop_state.state)
+        finally:
+            manager.close()
+
+    def _stop(self, loop_state: LoopState, message: str, **fields: Any) -> None:
+        text = message.format(directory=self.directory, most=self.max_rollbacks, **fields)
+        loop_state.apply_stop(text)  # the loop stopped already, at the same step everywhere
+        self._say(text)
+
+    def _say(self, text: str) -> None:
+        if self.verbose and writes_here(OUTPUT_PROCESS):
+            print(text, file=self.file if self.file is not None else sys.stdout, flush=True)
+
+
+rollback_on_nan = RollbackOnNaN
+"""Another name of :class:`RollbackOnNaN` (the same class)."""
+
+
+def _reposition(dataset: Any, contents: _format.Contents, position: int) -> Iterable[Any]:
+    """``dataset`` from batch ``position`` on, going back to the checkpoint's position
+    first (see :func:`._resume.skip_consumed`); a stateful dataset loads the checkpoint's
+    state and draws the skipped batches."""
+    source = skip_consumed(dataset, position, contents.data_state)
+    if contents.data_state is None:
+        return source
+    iterator = iter(source)
+    for _ in range(position - contents.data_position):
+        try:
+            next(iterator)
+        except StopIteration:
+            return ()  # the data ends among the skipped batches
+    return iterator
