@@ -227,3 +227,90 @@ def test_every_tracker_continues_the_same_run_after_a_sigkill_each_step_once(
 
     # CSV: the rows after the checkpoint were dropped and written again, once
     assert csv_rows(killed / "log.csv") == csv_rows(reference / "log.csv")
+
+
+# --- bad inputs ----------------------------------------------------------------------------
+def resumable(directory: Path, writer, stop: int):
+    """A short run logged to ``writer``, checkpointed, resumed from ``directory``."""
+    tasks = {
+        ciclo.every(1): [training.train_step, ciclo.writer_logger(writer, interval=0, close=True)],
+        ciclo.every(3): ciclo.checkpoint(directory / "ckpt", keep=1, async_save=False),
+    }
+    batches = [np.full((2,), i, np.float32) for i in range(10)]
+    return ciclo.loop(jnp.float32(0), batches, tasks, stop=stop, resume=directory / "ckpt")
+
+
+def test_mlflow_resume_continues_its_run_and_names_a_run_it_cannot_continue(tmp_path):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    uri = training.mlflow_uri(tmp_path)
+    first = ciclo.callbacks.MLflowWriter(tracking_uri=uri)
+    resumable(tmp_path, first, stop=4)
+    client = MlflowClient(tracking_uri=uri)
+    assert client.get_run(first.run_id).info.status == "FINISHED"
+    # another run given by hand
+    with pytest.raises(
+        ValueError,
+        match=rf"MLflowWriter: the checkpoint continues MLflow run '{first.run_id}', but this "
+        r"writer was given run_id='other'\. To continue the same run, give no run_id",
+    ):
+        resumable(tmp_path, ciclo.callbacks.MLflowWriter("other", tracking_uri=uri), stop=8)
+    # another store (a relative sqlite path run from another directory, say)
+    elsewhere = training.mlflow_uri(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(
+        ValueError,
+        match=rf"MLflowWriter: the checkpoint continues MLflow run '{first.run_id}' \(in "
+        rf"'{uri}'\), which '{elsewhere}' does not hold\. Give the tracking_uri of the "
+        r"interrupted run, or restore the run",
+    ):
+        resumable(tmp_path, ciclo.callbacks.MLflowWriter(tracking_uri=elsewhere), stop=8)
+    # a deleted run
+    client.delete_run(first.run_id)
+    with pytest.raises(ValueError, match=r"which '.*' does not hold \(it was deleted\)\."):
+        resumable(tmp_path, ciclo.callbacks.MLflowWriter(tracking_uri=uri), stop=8)
+    # restored as the message says: the resumed run continues it, running again, then finished
+    client.restore_run(first.run_id)
+    again = ciclo.callbacks.MLflowWriter(tracking_uri=uri)
+    _, history, _ = resumable(tmp_path, again, stop=8)
+    assert again.run_id == first.run_id
+    assert client.get_run(first.run_id).info.status == "FINISHED"
+    points = [(m.step, m.value) for m in client.get_metric_history(first.run_id, "losses/loss")]
+    assert sorted(points) == list(enumerate(history.collect("loss")))
+
+
+def test_wandb_resume_refuses_another_run_and_says_when_its_offline_files_are_gone(
+    tmp_path, monkeypatch
+):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    settings = wandb.Settings(
+        silent=True, console="off", x_disable_stats=True, x_disable_machine_info=True
+    )
+
+    def writer(**options):
+        return ciclo.callbacks.WandbWriter(
+            mode="offline", dir=str(tmp_path), project="ciclo-test", settings=settings, **options
+        )
+
+    first = writer()
+    resumable(tmp_path, first, stop=4)
+    (path,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    run_id = path.rsplit("-", 1)[-1]
+    with pytest.raises(
+        ValueError,
+        match=rf"WandbWriter: the checkpoint continues W&B run '{run_id}', but this writer was "
+        r"given run 'other'\. To continue the same run, give no run and no id=",
+    ):
+        resumable(tmp_path, writer(id="other"), stop=6)
+    for directory in glob.glob(str(tmp_path / "wandb" / "*run-*")):
+        os.rename(directory, tmp_path / Path(directory).name)  # moved away (or synced, cleaned)
+    with pytest.warns(
+        UserWarning,
+        match=rf"WandbWriter: resuming W&B run '{run_id}' offline, but '.*wandb' holds none of "
+        r"its earlier files \(moved, or synced and cleaned\?\): this run logs from step 3 on\.",
+    ):
+        resumable(tmp_path, writer(), stop=6)
+    (path,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))
+    assert path.endswith(run_id)  # the same run, continued
