@@ -24,10 +24,11 @@ import pytest
 
 import ciclo
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).parent))
 import tracker_training as training
 from test_trackers import wandb_records
+
+HERE = Path(__file__).parent
 
 # MLflow's database store uses a loader strategy that SQLAlchemy 2.1 deprecates (not ours).
 pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
@@ -139,9 +140,7 @@ def csv_rows(path: Path) -> list[dict[str, str]]:
         "0.05",  # it stores them at once: the killed run's file holds rows after the checkpoint
     ],
 )
-def test_every_tracker_continues_the_same_run_after_a_sigkill_each_step_once(
-    tmp_path, wandb_flush
-):
+def test_every_tracker_continues_the_same_run_after_a_sigkill_each_step_once(tmp_path, wandb_flush):
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     reference.mkdir()
     killed.mkdir()

@@ -409,9 +409,8 @@ class TensorBoardWriter:
     def resume_at(self, step: int) -> None:
         """Hides the events of steps after ``step`` that an interrupted run wrote."""
         logdir = os.path.abspath(self.logdir)
-        if (
-            self._resumed_from not in (None, logdir)
-            and not glob.glob(os.path.join(glob.escape(logdir), "events.out.tfevents.*"))
+        if self._resumed_from not in (None, logdir) and not glob.glob(
+            os.path.join(glob.escape(logdir), "events.out.tfevents.*")
         ):
             warnings.warn(
                 MSG_TENSORBOARD_ELSEWHERE.format(
@@ -513,7 +512,7 @@ def _wandb_logged_steps(path: str) -> Iterator[int]:
         record = wandb_internal_pb2.Record()
         try:
             record.ParseFromString(raw)
-        except Exception:  # a record that protobuf cannot read: not a row  # noqa: S112
+        except Exception:  # a record that protobuf cannot read: not a row
             continue
         if record.WhichOneof("record_type") == "history":
             for item in record.history.item:
