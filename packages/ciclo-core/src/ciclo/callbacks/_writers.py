@@ -172,10 +172,14 @@ class WriterLogger(LoopCallbackBase):
     Each row is written once, as ``writer.write_scalars(step, {"collection/name": value})``
     (``losses/loss``, ``metrics/accuracy_test``), at most every ``interval`` seconds, at each
     epoch end and when the loop ends (which flushes the writer, in ``ciclo.loop`` too). The
-    values come from the history, fetched by it in batches: no device sync per step. A
-    resumed run continues after the checkpoint's last row (and tells a writer with
-    ``resume_at(step)`` where it resumed, so rows the interrupted run wrote later are not
-    duplicated).
+    values come from the history, fetched by it in batches: no device sync per step.
+
+    With ``ciclo.checkpoint``, a resumed run continues in the same tracker run, with no id
+    passed by hand: a checkpoint holds how many rows were written and each writer's
+    ``state_dict()`` (the identity of its run), given back to its ``load_state_dict()``
+    before any write. The resumed run writes from the checkpoint's last written row on and
+    tells each writer with ``resume_at(step)`` where it resumed, so that the rows the
+    interrupted run wrote later are dropped or skipped, not duplicated.
 
     Args:
         writer: a :class:`MetricWriter`: :class:`TensorBoardWriter`, :class:`WandbWriter`,
