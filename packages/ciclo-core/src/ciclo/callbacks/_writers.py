@@ -18,6 +18,7 @@ resumed run computes them again, equal.
 from __future__ import annotations
 
 import glob
+import json
 import math
 import os
 import secrets
@@ -483,6 +484,8 @@ def _wandb_records(path: str) -> Iterator[bytes]:
     """The records of a W&B transaction log (``run-<id>.wandb``): LevelDB log blocks of 32
     KiB after a 7-byte header; a record cut by a kill ends the file."""
     data = Path(path).read_bytes()
+    if data[:4] != b":W&B":  # empty (a service killed before it wrote), or another format
+        return
     pos, block, chunks = 7, 32768, b""
     while pos + 7 <= len(data):
         left = block - pos % block
@@ -508,15 +511,14 @@ def _wandb_records(path: str) -> Iterator[bytes]:
 
 def _wandb_logged_steps(path: str) -> Iterator[int]:
     """The steps of the history rows in a W&B transaction log."""
-    import json
-
+    from google.protobuf.message import DecodeError
     from wandb.proto import wandb_internal_pb2
 
     for raw in _wandb_records(path):
         record = wandb_internal_pb2.Record()
         try:
             record.ParseFromString(raw)
-        except Exception:  # a record that protobuf cannot read: not a row
+        except DecodeError:  # a record that protobuf cannot read: not a row
             continue
         if record.WhichOneof("record_type") == "history":
             for item in record.history.item:
