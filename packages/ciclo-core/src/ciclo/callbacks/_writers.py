@@ -591,15 +591,19 @@ class WandbWriter:
         last step it holds (lower than ``step`` when the service of the killed run had not
         stored the last rows it was sent: the logger sends them again)."""
         run = self.run
-        held = int(getattr(run, "starting_step", 0) or 0) - 1  # online: what the server holds
         settings = run.settings
+        if settings.mode not in ("offline", "dryrun"):  # online: what the server holds
+            held = int(getattr(run, "starting_step", 0) or 0) - 1
+            self._skip_to = held if held > step else None
+            return held
+        held = -1  # offline: the steps in the run's earlier files
         pattern = os.path.join(glob.escape(settings.wandb_dir), "*", f"run-{run.id}.wandb")
         files = {os.path.realpath(p) for p in glob.glob(pattern)}  # latest-run is a link
         earlier = sorted(files - {os.path.realpath(settings.sync_file)})
         for path in earlier:
             held = max([held, *_wandb_logged_steps(path)])
         self._skip_to = held if held > step else None
-        if settings.mode in ("offline", "dryrun") and not earlier and self._started_before:
+        if not earlier and self._started_before:
             warnings.warn(
                 MSG_WANDB_NO_FILES.format(
                     run_id=str(run.id), wandb_dir=settings.wandb_dir, step=step + 1
