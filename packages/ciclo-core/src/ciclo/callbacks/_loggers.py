@@ -27,7 +27,7 @@ __all__ = ["CSVLogger", "csv_logger", "TensorBoardLogger", "tensorboard_logger"]
 _ELAPSED_COLUMNS = ("steps", "samples", "time")
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
-MSG_CSV_ROWS_MISSING = (
+_CSV_ROWS_MISSING = (
     "csv_logger: {path!r} has {found} rows, but the checkpoint was saved after {count}: the "
     "missing rows are lost{where} (was the file replaced, or its path changed?)."
 )
@@ -167,7 +167,7 @@ class CSVLogger(LoopCallbackBase):
             before = str(state.get("path", os.path.abspath(self.path)))
             where = "" if before == os.path.abspath(self.path) else f" (they are in {before!r})"
             warnings.warn(
-                MSG_CSV_ROWS_MISSING.format(
+                _CSV_ROWS_MISSING.format(
                     path=str(self.path), found=len(rows), count=count, where=where
                 ),
                 stacklevel=2,

@@ -52,7 +52,7 @@ __all__ = [
 
 _CLU_WRITERS = "clu.metric_writers"
 
-MSG_OTHER_WRITERS = (
+_OTHER_WRITERS = (
     "{owner}: the checkpoint holds the runs of {saved} metric writer(s) with a state_dict(); "
     "this logger's writer has {count}. Resume with the same writers as the interrupted run."
 )
@@ -264,7 +264,7 @@ class WriterLogger(LoopCallbackBase):
         writers = self._stateful_writers()
         if len(saved) != len(writers):
             raise ValueError(
-                MSG_OTHER_WRITERS.format(owner=self._owner, saved=len(saved), count=len(writers))
+                _OTHER_WRITERS.format(owner=self._owner, saved=len(saved), count=len(writers))
             )
         for writer, writer_state in zip(writers, saved, strict=True):
             writer.load_state_dict(writer_state)
@@ -353,7 +353,7 @@ def _flat(values: Mapping[str, Any]) -> dict[str, Any]:
     return {str(k): v.item() if isinstance(v, np.generic) else v for k, v in values.items()}
 
 
-MSG_TENSORBOARD_ELSEWHERE = (
+_TENSORBOARD_ELSEWHERE = (
     "TensorBoardWriter: the events up to step {step} are in {before!r}, where the "
     "interrupted run wrote them; this resumed run writes the rest to {logdir!r}, which has "
     "no event file. Give the logdir of the interrupted run to keep one run."
@@ -418,9 +418,7 @@ class TensorBoardWriter:
             os.path.join(glob.escape(logdir), "events.out.tfevents.*")
         ):
             warnings.warn(
-                MSG_TENSORBOARD_ELSEWHERE.format(
-                    step=step, before=self._resumed_from, logdir=logdir
-                ),
+                _TENSORBOARD_ELSEWHERE.format(step=step, before=self._resumed_from, logdir=logdir),
                 stacklevel=2,
             )
         if self._writer is None:
@@ -469,12 +467,12 @@ def _import_optional(module: str, extra: str, owner: str) -> Any:
         ) from None
 
 
-MSG_WANDB_OTHER_RUN = (
+_WANDB_OTHER_RUN = (
     "WandbWriter: the checkpoint continues W&B run {saved!r}, but this writer was given run "
     "{given!r}. To continue the same run, give no run and no id= (the writer re-attaches to "
     "{saved!r} by itself), or start it with wandb.init(id={saved!r}, resume='must')."
 )
-MSG_WANDB_NO_FILES = (
+_WANDB_NO_FILES = (
     "WandbWriter: resuming W&B run {run_id!r} offline, but {wandb_dir!r} holds none of its "
     "earlier files (moved, or synced and cleaned?): this run logs from step {step} on."
 )
@@ -580,7 +578,7 @@ class WandbWriter:
         saved = str(state["run_id"])
         given = self._run.id if self._run is not None else self.init_kwargs.get("id")
         if given is not None and str(given) != saved:
-            raise ValueError(MSG_WANDB_OTHER_RUN.format(saved=saved, given=str(given)))
+            raise ValueError(_WANDB_OTHER_RUN.format(saved=saved, given=str(given)))
         self._started_before = bool(state.get("started"))
         if self._run is None:
             self.init_kwargs["id"] = saved
@@ -605,7 +603,7 @@ class WandbWriter:
         self._skip_to = held if held > step else None
         if not earlier and self._started_before:
             warnings.warn(
-                MSG_WANDB_NO_FILES.format(
+                _WANDB_NO_FILES.format(
                     run_id=str(run.id), wandb_dir=settings.wandb_dir, step=step + 1
                 ),
                 stacklevel=2,
@@ -651,12 +649,12 @@ class WandbWriter:
             self.init_kwargs, self._skip_to = dict(self._given), None
 
 
-MSG_MLFLOW_OTHER_RUN = (
+_MLFLOW_OTHER_RUN = (
     "MLflowWriter: the checkpoint continues MLflow run {saved!r}, but this writer was given "
     "run_id={given!r}. To continue the same run, give no run_id (the writer re-attaches to "
     "{saved!r} by itself)."
 )
-MSG_MLFLOW_MISSING_RUN = (
+_MLFLOW_MISSING_RUN = (
     "MLflowWriter: the checkpoint continues MLflow run {run_id!r} (in {before!r}), which "
     "{tracking_uri!r} does not hold{why}. Give the tracking_uri of the interrupted run, or "
     "restore the run (MlflowClient(tracking_uri).restore_run({run_id!r}) after a delete)."
@@ -734,7 +732,7 @@ class MLflowWriter:
 
         saved = str(state["run_id"])
         if self._run_id is not None and self._run_id != saved:
-            raise ValueError(MSG_MLFLOW_OTHER_RUN.format(saved=saved, given=self._run_id))
+            raise ValueError(_MLFLOW_OTHER_RUN.format(saved=saved, given=self._run_id))
         where = {
             "run_id": saved,
             "before": str(state.get("tracking_uri")),
@@ -743,9 +741,9 @@ class MLflowWriter:
         try:
             run = self.client.get_run(saved)
         except MlflowException:
-            raise ValueError(MSG_MLFLOW_MISSING_RUN.format(why="", **where)) from None
+            raise ValueError(_MLFLOW_MISSING_RUN.format(why="", **where)) from None
         if run.info.lifecycle_stage == "deleted":
-            raise ValueError(MSG_MLFLOW_MISSING_RUN.format(why=" (it was deleted)", **where))
+            raise ValueError(_MLFLOW_MISSING_RUN.format(why=" (it was deleted)", **where))
         self._run_id = saved
         if run.info.status != "RUNNING":
             self.client.update_run(saved, status="RUNNING")
