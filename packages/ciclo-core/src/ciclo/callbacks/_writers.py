@@ -655,9 +655,9 @@ _MLFLOW_OTHER_RUN = (
     "{saved!r} by itself)."
 )
 _MLFLOW_MISSING_RUN = (
-    "MLflowWriter: the checkpoint continues MLflow run {run_id!r} (in {before!r}), which "
-    "{tracking_uri!r} does not hold{why}. Give the tracking_uri of the interrupted run, or "
-    "restore the run (MlflowClient(tracking_uri).restore_run({run_id!r}) after a delete)."
+    "MLflowWriter: the checkpoint continues MLflow run {id!r} (in {was!r}), which {uri!r} "
+    "does not hold{why}. Give the tracking_uri of the interrupted run, or restore the run "
+    "(MlflowClient(tracking_uri).restore_run({id!r}) after a delete)."
 )
 
 
@@ -733,17 +733,14 @@ class MLflowWriter:
         saved = str(state["run_id"])
         if self._run_id is not None and self._run_id != saved:
             raise ValueError(_MLFLOW_OTHER_RUN.format(saved=saved, given=self._run_id))
-        where = {
-            "run_id": saved,
-            "before": str(state.get("tracking_uri")),
-            "tracking_uri": str(self.client.tracking_uri),
-        }
         try:
             run = self.client.get_run(saved)
         except MlflowException:
-            raise ValueError(_MLFLOW_MISSING_RUN.format(why="", **where)) from None
-        if run.info.lifecycle_stage == "deleted":
-            raise ValueError(_MLFLOW_MISSING_RUN.format(why=" (it was deleted)", **where))
+            run = None
+        if run is None or run.info.lifecycle_stage == "deleted":
+            was, uri = str(state.get("tracking_uri")), str(self.client.tracking_uri)
+            why = "" if run is None else " (it was deleted)"
+            raise ValueError(_MLFLOW_MISSING_RUN.format(id=saved, was=was, uri=uri, why=why))
         self._run_id = saved
         if run.info.status != "RUNNING":
             self.client.update_run(saved, status="RUNNING")
