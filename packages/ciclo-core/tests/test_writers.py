@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -169,6 +170,100 @@ def test_tensorboard_logger_flushes_at_the_end_of_loop_and_hides_steps_after_a_r
     writer = ciclo.callbacks.TensorBoardWriter(logdir)
     writer.resume_at(2)
     assert writer.writer_kwargs["purge_step"] == 3
+
+
+class Identified(Recorder):
+    """A CLU-protocol writer whose run has an identity (a checkpoint saves it) and that
+    learns where a resumed run continues."""
+
+    def __init__(self, name, holds=None):
+        super().__init__()
+        self.name, self.holds = name, holds  # holds: the last step its run kept, if it lost some
+        self.loaded, self.resumed_at = [], []
+
+    def state_dict(self):
+        return {"name": self.name}
+
+    def load_state_dict(self, state):
+        self.loaded.append(dict(state))
+
+    def resume_at(self, step):
+        self.resumed_at.append(step)
+        return self.holds
+
+
+def run_with_writer(directory, writer, stop):
+    tasks = {
+        ciclo.every(1): [train_step, ciclo.writer_logger(writer, interval=0)],
+        ciclo.every(3): ciclo.checkpoint(directory, keep=1, async_save=False),
+    }
+    return ciclo.loop(jnp.float32(0), [np.zeros(1)] * 10, tasks, stop=stop, resume=directory)
+
+
+def test_a_checkpoint_holds_each_writers_run_and_a_resume_gives_it_back(tmp_path):
+    first = Identified("run-1")
+    run_with_writer(tmp_path / "ckpt", first, stop=5)
+    assert [step for step, _ in first.rows] == list(range(5))
+    resumed = Identified("run-2")
+    _, history, _ = run_with_writer(tmp_path / "ckpt", resumed, stop=10)
+    assert resumed.loaded == [{"name": "run-1"}]  # before any write: it re-attaches there
+    assert resumed.resumed_at == [4]  # the last row written before the checkpoint
+    assert [step for step, _ in resumed.rows] == list(range(5, 10))
+    assert [row["losses/loss"] for _, row in resumed.rows] == history.collect("loss")[5:]
+
+
+def test_a_writer_whose_run_lost_rows_gets_them_again_from_the_history(tmp_path):
+    """A tracker that lost rows it had been sent (W&B's service, killed before it stored
+    them) returns from ``resume_at`` the last step it holds: the logger sends the rest."""
+    run_with_writer(tmp_path / "ckpt", Identified("run"), stop=5)
+    resumed = Identified("run", holds=1)
+    _, history, _ = run_with_writer(tmp_path / "ckpt", resumed, stop=10)
+    assert [step for step, _ in resumed.rows] == list(range(2, 10))
+    assert [row["losses/loss"] for _, row in resumed.rows] == history.collect("loss")[2:]
+
+
+def test_a_resume_with_other_writers_is_an_error(tmp_path):
+    run_with_writer(tmp_path / "ckpt", Identified("run"), stop=5)
+    with pytest.raises(
+        ValueError,
+        match=r"writer_logger: the checkpoint holds the runs of 1 metric writer\(s\) with a "
+        r"state_dict\(\); this logger's writer has 0\. Resume with the same writers",
+    ):
+        run_with_writer(tmp_path / "ckpt", Recorder(), stop=10)
+
+
+def test_tensorboard_and_csv_resumed_elsewhere_name_where_the_earlier_rows_are(tmp_path):
+    pytest.importorskip("tensorboardX")
+    ckpt = tmp_path / "ckpt"
+
+    def run(name, stop):
+        tasks = {
+            ciclo.every(1): [train_step, ciclo.tensorboard_logger(tmp_path / name, interval=0)],
+            ciclo.every(2): ciclo.csv_logger(tmp_path / f"{name}.csv"),
+            ciclo.every(3): ciclo.checkpoint(ckpt, keep=1, async_save=False),
+        }
+        return ciclo.loop(jnp.float32(0), [np.zeros(1)] * 10, tasks, stop=stop, resume=ckpt)
+
+    run("first", stop=5)
+    with warnings.catch_warnings(record=True) as caught:  # the same paths: nothing to say
+        warnings.simplefilter("always")
+        run("first", stop=7)
+    assert not [w for w in caught if "TensorBoardWriter" in str(w.message)]
+    assert not [w for w in caught if "csv_logger" in str(w.message)]
+    with (
+        pytest.warns(
+            UserWarning,
+            match=r"TensorBoardWriter: the events up to step 5 are in '.*first', where the "
+            r"interrupted run wrote them; this resumed run writes the rest to '.*second', which "
+            r"has no event file\. Give the logdir of the interrupted run",
+        ),
+        pytest.warns(
+            UserWarning,
+            match=r"csv_logger: '.*second.csv' has 0 rows, but the checkpoint was saved after 4: "
+            r"the missing rows are lost \(they are in '.*first.csv'\)",
+        ),
+    ):
+        run("second", stop=10)
 
 
 def test_throughput_is_within_10_percent_of_the_pace_measured_outside_the_loop():

@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .._loop._base import LoopCallbackBase
 from .._loop._state import LoopState
 from .._processes._outputs import check_output_process, writes_here
@@ -23,6 +25,26 @@ from ._writers import TensorBoardWriter, WriterLogger
 __all__ = ["CSVLogger", "csv_logger", "TensorBoardLogger", "tensorboard_logger"]
 
 _ELAPSED_COLUMNS = ("steps", "samples", "time")
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+_CSV_ROWS_MISSING = (
+    "csv_logger: {path!r} has {found} rows, but the checkpoint was saved after {count}: the "
+    "missing rows are lost{where} (was the file replaced, or its path changed?)."
+)
+
+
+def _plain(value: Any) -> Any:
+    """A scalar as the CSV writes it, the same whether it comes from this step's logs (a
+    NumPy ``float32``) or from the history (a Python float once fetched): a float that a
+    ``float32`` holds exactly is written as ``float32`` writes it (``0.4``, not
+    ``0.4000000059604645``)."""
+    if isinstance(value, np.generic | np.ndarray) and np.ndim(value) == 0:
+        value = value.item()
+    if isinstance(value, float) and abs(value) <= _FLOAT32_MAX:
+        single = np.float32(value)
+        if float(single) == value:
+            return str(single)
+    return value
 
 
 class CSVLogger(LoopCallbackBase):
@@ -33,10 +55,11 @@ class CSVLogger(LoopCallbackBase):
     (``loss``, ``accuracy``, ``accuracy_test``...). A column that appears later (the first
     evaluation) widens the header; earlier rows leave it empty.
 
-    With ``ciclo.checkpoint``, a checkpoint holds how many rows the file had; a run resumed
-    from it keeps those rows and drops the ones the interrupted run wrote after the
-    checkpoint (the resumed run writes them again): each row appears exactly once, even
-    after a kill.
+    With ``ciclo.checkpoint``, a checkpoint holds the file's path and how many rows it had;
+    a run resumed from it keeps those rows and drops the ones the interrupted run wrote after
+    the checkpoint (the resumed run writes them again, equal): each row appears exactly
+    once, even after a kill. A resumed file that lacks rows the checkpoint counts (replaced,
+    or another path) is a warning naming the file the interrupted run wrote.
 
     Args:
         path: the file to write.
@@ -121,7 +144,11 @@ class CSVLogger(LoopCallbackBase):
         """The rows written so far (their count) and the columns: saved with a checkpoint."""
         if not self._loaded and writes_here(self.process):
             self._load()
-        state: dict[str, Any] = {"rows": len(self.rows), "columns": list(self.columns)}
+        state: dict[str, Any] = {
+            "rows": len(self.rows),
+            "columns": list(self.columns),
+            "path": os.path.abspath(self.path),
+        }
         if self._means is not None:  # a run resumed within an epoch averages all of it
             state["means_from"] = self._from_step
         return state
@@ -137,9 +164,12 @@ class CSVLogger(LoopCallbackBase):
         count, columns = int(state["rows"]), [str(c) for c in state["columns"]]
         _, rows = self._read()
         if len(rows) < count:
+            before = str(state.get("path", os.path.abspath(self.path)))
+            where = "" if before == os.path.abspath(self.path) else f" (they are in {before!r})"
             warnings.warn(
-                f"csv_logger: {str(self.path)!r} has {len(rows)} rows, but the checkpoint was "
-                f"saved after {count}: the missing rows are lost (was the file replaced?).",
+                _CSV_ROWS_MISSING.format(
+                    path=str(self.path), found=len(rows), count=count, where=where
+                ),
                 stacklevel=2,
             )
         self.columns = columns
@@ -154,7 +184,8 @@ class CSVLogger(LoopCallbackBase):
             self._load()
         elapsed = loop_state.elapsed
         row: dict[str, Any] = {c: getattr(elapsed, c) for c in _ELAPSED_COLUMNS}
-        row.update(self._values(loop_state))
+        # one text per value, wherever it comes from: a resumed file equals an uninterrupted one
+        row.update({k: _plain(v) for k, v in self._values(loop_state).items()})
         self.rows.append(row)
         new = [c for c in row if c not in self.columns]
         if new or not self.path.exists():

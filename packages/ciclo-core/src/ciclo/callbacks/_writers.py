@@ -7,19 +7,33 @@ history to one: values are read from the history (fetched by it in batches), so 
 device sync per step. The built-in writers: :class:`TensorBoardWriter` (tensorboardX),
 :class:`WandbWriter` (``wandb``) and :class:`MLflowWriter` (``mlflow`` or ``mlflow-skinny``),
 each imported only when created.
+
+A resumed run continues the same tracker run: each writer's ``state_dict()`` (the identity of
+its run: a W&B or MLflow run id, a log directory) is saved with the logger's state in every
+checkpoint, and given back to its ``load_state_dict()`` before the resumed run writes; the rows
+the interrupted run wrote after the checkpoint are dropped or skipped (``resume_at``), since the
+resumed run computes them again, equal.
 """
 
 from __future__ import annotations
 
+import glob
+import json
 import math
 import os
+import secrets
+import string
+import struct
 import time as _time
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from .._loop._base import LoopCallbackBase
+from .._loop._hooks import is_stateful
 from .._loop._state import LoopState
 from .._processes._outputs import check_output_process, writes_here
 from .._records._history import History
@@ -33,16 +47,58 @@ __all__ = [
     "WandbWriter",
     "MLflowWriter",
     "scalar_rows",
+    "writers_within",
 ]
+
+_CLU_WRITERS = "clu.metric_writers"
+
+_OTHER_WRITERS = (
+    "{owner}: the checkpoint holds the runs of {saved} metric writer(s) with a state_dict(); "
+    "this logger's writer has {count}. Resume with the same writers as the interrupted run."
+)
+
+
+def writers_within(writer: Any) -> list[Any]:
+    """``writer`` and the writers it wraps, when it is one of CLU's combinators
+    (``MultiWriter``, ``AsyncMultiWriter``, ``AsyncWriter``; recognised by their module,
+    never imported), depth first.
+
+    Example:
+        >>> class Printer:
+        ...     def write_scalars(self, step, scalars): print(step, scalars)
+        >>> writer = Printer()
+        >>> writers_within(writer) == [writer]
+        True
+    """
+    found = [writer]
+    if type(writer).__module__.startswith(_CLU_WRITERS):
+        inner = getattr(writer, "_writers", None)
+        if inner is None and getattr(writer, "_writer", None) is not None:
+            inner = [writer._writer]
+        for wrapped in inner or ():
+            found += writers_within(wrapped)
+    return found
 
 
 @runtime_checkable
 class MetricWriter(Protocol):
     """What :class:`WriterLogger` writes to: CLU's ``MetricWriter`` interface.
 
-    A writer may also define ``resume_at(step)``: told, before its first write in a resumed
-    run, the step of the last row written before the checkpoint, so that it can drop or hide
-    the rows that the interrupted run wrote after it (the resumed run writes them again).
+    A writer may also define:
+
+    - ``state_dict()`` and ``load_state_dict(state)``: the identity of its run, as plain
+      values (a run id, a directory). :class:`WriterLogger` saves the first with its own
+      state in each checkpoint and gives it back to the second in a resumed run, before any
+      write, so that the writer continues the same run with no id passed by hand.
+    - ``resume_at(step)``: told, before its first write in a resumed run, the step of the
+      last row written before the checkpoint, so that it can drop or skip the rows that the
+      interrupted run wrote after it (the resumed run writes them again, equal). It may
+      return the last step its run holds: when that is lower than ``step`` (the tracker lost
+      rows it had been sent, as W&B loses the rows its service had not stored when the
+      process is killed), the logger writes those rows again, from the history.
+
+    Writers wrapped by CLU's ``MultiWriter``, ``AsyncMultiWriter`` and ``AsyncWriter`` are
+    reached through them (:func:`writers_within`).
     """
 
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None: ...
@@ -106,16 +162,25 @@ _NOT_A_METRIC_WRITER = (
 )
 
 
+def _row_step(history: History, row: int) -> int:
+    """The step of the history's row ``row`` (``-1`` before the first)."""
+    return int(history[row].get("elapsed", {}).get("steps", row)) if row >= 0 else -1
+
+
 class WriterLogger(LoopCallbackBase):
     """Sends every scalar row of the loop's history to a metric writer.
 
     Each row is written once, as ``writer.write_scalars(step, {"collection/name": value})``
     (``losses/loss``, ``metrics/accuracy_test``), at most every ``interval`` seconds, at each
     epoch end and when the loop ends (which flushes the writer, in ``ciclo.loop`` too). The
-    values come from the history, fetched by it in batches: no device sync per step. A
-    resumed run continues after the checkpoint's last row (and tells a writer with
-    ``resume_at(step)`` where it resumed, so rows the interrupted run wrote later are not
-    duplicated).
+    values come from the history, fetched by it in batches: no device sync per step.
+
+    With ``ciclo.checkpoint``, a resumed run continues in the same tracker run, with no id
+    passed by hand: a checkpoint holds how many rows were written and each writer's
+    ``state_dict()`` (the identity of its run), given back to its ``load_state_dict()``
+    before any write. The resumed run writes from the checkpoint's last written row on and
+    tells each writer with ``resume_at(step)`` where it resumed, so that the rows the
+    interrupted run wrote later are dropped or skipped, not duplicated.
 
     Args:
         writer: a :class:`MetricWriter`: :class:`TensorBoardWriter`, :class:`WandbWriter`,
@@ -170,15 +235,39 @@ class WriterLogger(LoopCallbackBase):
         self._resume_from: int | None = None  # rows written when the checkpoint was saved
         self._last = -math.inf
 
-    # --- a checkpoint holds how many history rows were written: a resumed run continues there
-    def state_dict(self) -> dict[str, int]:
-        """How many history rows were written (``-1``: not started): saved with a checkpoint."""
-        return {"written": -1 if self._next_row is None else self._next_row}
+    # --- a checkpoint holds how many history rows were written, and the writers' runs: a
+    # resumed run continues there, in the same runs
+    def _stateful_writers(self) -> list[Any]:
+        return [w for w in writers_within(self.metric_writer) if is_stateful(w)]
+
+    def state_dict(self) -> dict[str, Any]:
+        """How many history rows were written (``-1``: not started) and, on the writing
+        process, each writer's ``state_dict()`` (the identity of its run): saved with a
+        checkpoint."""
+        state: dict[str, Any] = {"written": -1 if self._next_row is None else self._next_row}
+        if writes_here(self.process):
+            state["writers"] = [w.state_dict() for w in self._stateful_writers()]
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """In a resumed run: write again the rows the checkpoint holds but had not written."""
+        """In a resumed run: write again the rows the checkpoint holds but had not written,
+        in the runs the checkpoint names (each writer's ``load_state_dict``).
+
+        Raises:
+            ValueError: the checkpoint holds the runs of other writers.
+        """
         written = int(state["written"])
         self._resume_from = written if written >= 0 else None
+        saved = state.get("writers")  # absent in checkpoints of ciclo 0.1
+        if saved is None or not writes_here(self.process):
+            return
+        writers = self._stateful_writers()
+        if len(saved) != len(writers):
+            raise ValueError(
+                _OTHER_WRITERS.format(owner=self._owner, saved=len(saved), count=len(writers))
+            )
+        for writer, writer_state in zip(writers, saved, strict=True):
+            writer.load_state_dict(writer_state)
 
     def _begin(self, loop_state: LoopState) -> None:
         history = loop_state.history
@@ -186,10 +275,17 @@ class WriterLogger(LoopCallbackBase):
         if loop_state.resumed and self._resume_from is not None:
             self._next_row = min(self._resume_from, len(history))
         self._resume_from = None
-        if loop_state.resumed and hasattr(self.metric_writer, "resume_at"):
-            row = self._next_row - 1  # the last row written before the checkpoint
-            step = int(history[row].get("elapsed", {}).get("steps", row)) if row >= 0 else -1
-            self.metric_writer.resume_at(step)
+        if loop_state.resumed:
+            step = _row_step(history, self._next_row - 1)  # the last row written before it
+            held = [
+                writer.resume_at(step)
+                for writer in writers_within(self.metric_writer)
+                if callable(getattr(writer, "resume_at", None))
+            ]
+            lost = [h for h in held if isinstance(h, int) and h < step]
+            if lost:  # a tracker lost rows it had been sent: write them again, from the history
+                while self._next_row > 0 and _row_step(history, self._next_row - 1) > min(lost):
+                    self._next_row -= 1
         if self.hparams is not None:
             self.metric_writer.write_hparams(self.hparams)
             self.hparams = None
@@ -257,6 +353,13 @@ def _flat(values: Mapping[str, Any]) -> dict[str, Any]:
     return {str(k): v.item() if isinstance(v, np.generic) else v for k, v in values.items()}
 
 
+_TENSORBOARD_ELSEWHERE = (
+    "TensorBoardWriter: the events up to step {step} are in {before!r}, where the "
+    "interrupted run wrote them; this resumed run writes the rest to {logdir!r}, which has "
+    "no event file. Give the logdir of the interrupted run to keep one run."
+)
+
+
 def _import_tensorboardx() -> Any:
     try:
         from tensorboardX import SummaryWriter
@@ -270,8 +373,11 @@ def _import_tensorboardx() -> Any:
 class TensorBoardWriter:
     """A :class:`MetricWriter` to TensorBoard event files, with tensorboardX.
 
-    The event file is opened at the first write. In a resumed run, the events the
-    interrupted run wrote after the checkpoint's step are hidden (``purge_step``).
+    The event file is opened at the first write. A checkpoint holds the directory
+    (``state_dict``); in a resumed run, the events the interrupted run wrote after the
+    checkpoint's step are hidden (``purge_step``: TensorBoard drops the events of an earlier
+    file from that step on), so each step shows once. A resumed run that writes to another
+    directory than the interrupted one, where no event file is, says so in one warning.
 
     Args:
         logdir: the directory of the event files (``tensorboard --logdir``).
@@ -287,6 +393,7 @@ class TensorBoardWriter:
         self.logdir = str(logdir)
         self.writer_kwargs = dict(writer_kwargs)
         self._writer: Any = None
+        self._resumed_from: str | None = None  # the interrupted run's logdir
         _import_tensorboardx()  # fail at creation, not mid-run
 
     @property
@@ -296,8 +403,24 @@ class TensorBoardWriter:
             self._writer = _import_tensorboardx()(self.logdir, **self.writer_kwargs)
         return self._writer
 
+    def state_dict(self) -> dict[str, str]:
+        """The directory of the event files (absolute): saved with a checkpoint."""
+        return {"logdir": os.path.abspath(self.logdir)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """In a resumed run: the directory the interrupted run wrote to."""
+        self._resumed_from = str(state["logdir"])
+
     def resume_at(self, step: int) -> None:
         """Hides the events of steps after ``step`` that an interrupted run wrote."""
+        logdir = os.path.abspath(self.logdir)
+        if self._resumed_from not in (None, logdir) and not glob.glob(
+            os.path.join(glob.escape(logdir), "events.out.tfevents.*")
+        ):
+            warnings.warn(
+                _TENSORBOARD_ELSEWHERE.format(step=step, before=self._resumed_from, logdir=logdir),
+                stacklevel=2,
+            )
         if self._writer is None:
             self.writer_kwargs.setdefault("purge_step", step + 1)
 
@@ -344,6 +467,63 @@ def _import_optional(module: str, extra: str, owner: str) -> Any:
         ) from None
 
 
+_WANDB_OTHER_RUN = (
+    "WandbWriter: the checkpoint continues W&B run {saved!r}, but this writer was given run "
+    "{given!r}. To continue the same run, give no run and no id= (the writer re-attaches to "
+    "{saved!r} by itself), or start it with wandb.init(id={saved!r}, resume='must')."
+)
+_WANDB_NO_FILES = (
+    "WandbWriter: resuming W&B run {run_id!r} offline, but {wandb_dir!r} holds none of its "
+    "earlier files (moved, or synced and cleaned?): this run logs from step {step} on."
+)
+
+
+def _wandb_records(path: str) -> Iterator[bytes]:
+    """The records of a W&B transaction log (``run-<id>.wandb``): LevelDB log blocks of 32
+    KiB after a 7-byte header; a record cut by a kill ends the file."""
+    data = Path(path).read_bytes()
+    if data[:4] != b":W&B":  # empty (a service killed before it wrote), or another format
+        return
+    pos, block, chunks = 7, 32768, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # the block's tail is padding
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if length == 0 and kind == 0:  # zeros: padding up to the next block
+            pos += left
+            continue
+        if pos + 7 + length > len(data):  # cut by a kill
+            return
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 1:  # a whole record
+            yield chunk
+        elif kind == 2:  # its first part
+            chunks = chunk
+        elif kind == 3:  # a middle part
+            chunks += chunk
+        elif kind == 4:  # its last part
+            yield chunks + chunk
+
+
+def _wandb_logged_steps(path: str) -> Iterator[int]:
+    """The steps of the history rows in a W&B transaction log."""
+    from google.protobuf.message import DecodeError
+    from wandb.proto import wandb_internal_pb2
+
+    for raw in _wandb_records(path):
+        record = wandb_internal_pb2.Record()
+        try:
+            record.ParseFromString(raw)
+        except DecodeError:  # a record that protobuf cannot read: not a row
+            continue
+        if record.WhichOneof("record_type") == "history":
+            for item in record.history.item:
+                if item.key == "_step" or list(item.nested_key) == ["_step"]:
+                    yield int(json.loads(item.value_json))
+
+
 class WandbWriter:
     """A :class:`MetricWriter` to a Weights & Biases run (``pip install 'ciclo-core[wandb]'``).
 
@@ -352,8 +532,14 @@ class WandbWriter:
             ``wandb.init(**init_kwargs)`` (e.g. ``project=``, ``mode="offline"``, ``dir=``).
         **init_kwargs: passed to ``wandb.init``.
 
-    A resumed run that should continue the same W&B run passes ``id=`` and
-    ``resume="allow"``; W&B ignores steps lower than the ones it already holds.
+    With ``ciclo.checkpoint``, a checkpoint holds the W&B run's id (one is chosen at the
+    first checkpoint when the run has not started yet), and a resumed run continues that run
+    with no id passed by hand: ``wandb.init(id=..., resume="must")`` (``"allow"`` when the
+    interrupted run had not started it). The steps the run already holds (those the
+    interrupted run logged after the checkpoint, equal to what the resumed run computes) are
+    skipped, so each step is logged once: online, the steps before the resumed run's
+    ``starting_step``; offline, the steps in the run's earlier files under the same ``dir``
+    (``wandb sync`` of those directories gives one run).
 
     Example:
         >>> writer = WandbWriter(project="demo", mode="offline")  # doctest: +SKIP
@@ -363,6 +549,9 @@ class WandbWriter:
         self._wandb = _import_optional("wandb", "wandb", "WandbWriter")
         self._run = run
         self.init_kwargs = init_kwargs
+        self._given = dict(init_kwargs)  # what close() goes back to: a later write, a new run
+        self._skip_to: int | None = None  # in a resumed run: the run holds the steps <= this
+        self._started_before = False  # in a resumed run: the checkpoint's run had started
 
     @property
     def run(self) -> Any:
@@ -371,16 +560,75 @@ class WandbWriter:
             self._run = self._wandb.init(**self.init_kwargs)
         return self._run
 
+    def state_dict(self) -> dict[str, Any]:
+        """The W&B run's id, and whether the run was started: saved with a checkpoint."""
+        if self._run is not None:
+            return {"run_id": str(self._run.id), "started": True}
+        if self.init_kwargs.get("id") is None:  # chosen now, so that the checkpoint names it
+            alphabet = string.ascii_lowercase + string.digits  # as W&B's own ids
+            self.init_kwargs["id"] = "".join(secrets.choice(alphabet) for _ in range(8))
+        return {"run_id": str(self.init_kwargs["id"]), "started": False}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """In a resumed run: continue the checkpoint's W&B run.
+
+        Raises:
+            ValueError: this writer was given another run (``run=`` or ``id=``).
+        """
+        saved = str(state["run_id"])
+        given = self._run.id if self._run is not None else self.init_kwargs.get("id")
+        if given is not None and str(given) != saved:
+            raise ValueError(_WANDB_OTHER_RUN.format(saved=saved, given=str(given)))
+        self._started_before = bool(state.get("started"))
+        if self._run is None:
+            self.init_kwargs["id"] = saved
+            self.init_kwargs.setdefault("resume", "must" if self._started_before else "allow")
+
+    def resume_at(self, step: int) -> int | None:
+        """Starts the run and skips the steps it already holds after ``step``; returns the
+        last step it holds (lower than ``step`` when the service of the killed run had not
+        stored the last rows it was sent: the logger sends them again)."""
+        run = self.run
+        settings = run.settings
+        if settings.mode not in ("offline", "dryrun"):  # online: what the server holds
+            held = int(getattr(run, "starting_step", 0) or 0) - 1
+            self._skip_to = held if held > step else None
+            return held
+        held = -1  # offline: the steps in the run's earlier files
+        pattern = os.path.join(glob.escape(settings.wandb_dir), "*", f"run-{run.id}.wandb")
+        files = {os.path.realpath(p) for p in glob.glob(pattern)}  # latest-run is a link
+        earlier = sorted(files - {os.path.realpath(settings.sync_file)})
+        for path in earlier:
+            held = max([held, *_wandb_logged_steps(path)])
+        self._skip_to = held if held > step else None
+        if not earlier and self._started_before:
+            warnings.warn(
+                _WANDB_NO_FILES.format(
+                    run_id=str(run.id), wandb_dir=settings.wandb_dir, step=step + 1
+                ),
+                stacklevel=2,
+            )
+            return None  # perhaps synced: the rows before the checkpoint are not sent again
+        return held
+
+    def _held(self, step: int) -> bool:
+        return self._skip_to is not None and step <= self._skip_to
+
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-        self.run.log(_flat(scalars), step=step)
+        if not self._held(step):
+            self.run.log(_flat(scalars), step=step)
 
     def write_images(self, step: int, images: Mapping[str, Any]) -> None:
+        if self._held(step):
+            return
         data = {k: [self._wandb.Image(np.asarray(i)) for i in v] for k, v in images.items()}
         self.run.log(data, step=step)
 
     def write_histograms(
         self, step: int, arrays: Mapping[str, Any], num_buckets: Mapping[str, int] | None = None
     ) -> None:
+        if self._held(step):
+            return
         data = {
             k: self._wandb.Histogram(np.asarray(v), num_bins=(num_buckets or {}).get(k, 64))
             for k, v in arrays.items()
@@ -398,6 +646,19 @@ class WandbWriter:
         if self._run is not None:
             self._run.finish()
             self._run = None
+            self.init_kwargs, self._skip_to = dict(self._given), None
+
+
+_MLFLOW_OTHER_RUN = (
+    "MLflowWriter: the checkpoint continues MLflow run {saved!r}, but this writer was given "
+    "run_id={given!r}. To continue the same run, give no run_id (the writer re-attaches to "
+    "{saved!r} by itself)."
+)
+_MLFLOW_MISSING_RUN = (
+    "MLflowWriter: the checkpoint continues MLflow run {id!r} (in {was!r}), which {uri!r} "
+    "does not hold{why}. Give the tracking_uri of the interrupted run, or restore the run "
+    "(MlflowClient(tracking_uri).restore_run({id!r}) after a delete)."
+)
 
 
 class MLflowWriter:
@@ -405,15 +666,20 @@ class MLflowWriter:
     installs ``mlflow-skinny``; the full ``mlflow`` works too).
 
     Args:
-        run_id: an existing run to log to (a resumed run passes the run's id); else a run
-            is created at the first write.
+        run_id: an existing run to log to; else a run is created at the first write (or at
+            the first checkpoint).
         tracking_uri: where runs are stored: a database (``"sqlite:///mlflow.db"``, what
             the extra installs for) or a server (``"http://..."``); default: MLflow's.
             MLflow 3 refuses a ``"file://..."`` store unless ``MLFLOW_ALLOW_FILE_STORE=true``.
         experiment_name: the experiment of a new run (default: MLflow's default).
         run_name: the name of a new run.
 
-    In a resumed run (same ``run_id``), steps the run already holds are not logged again.
+    With ``ciclo.checkpoint``, a checkpoint holds the run's id, and a resumed run logs to
+    that run with no id passed by hand (its status goes back to ``RUNNING`` until the loop
+    closes it). The points the run already holds after the checkpoint (logged by the
+    interrupted run, equal to what the resumed run computes) are not logged again, key by
+    key, so each step of each metric is in the run once. A run that the store does not hold
+    (deleted, or another ``tracking_uri``) is an error naming the run and the fix.
 
     Example:
         >>> writer = MLflowWriter(tracking_uri="sqlite:///mlflow.db")  # doctest: +SKIP
@@ -431,7 +697,7 @@ class MLflowWriter:
         self.client = tracking.MlflowClient(tracking_uri=tracking_uri)
         self._run_id = run_id
         self.experiment_name, self.run_name = experiment_name, run_name
-        self._skip_to: int | None = None  # in a resumed run: steps <= this are held already
+        self._held: dict[str, int] = {}  # in a resumed run: the top step held, per key
         self._pending: list[Any] = []
 
     @property
@@ -450,25 +716,55 @@ class MLflowWriter:
             self._run_id = run.info.run_id
         return self._run_id
 
+    def state_dict(self) -> dict[str, str]:
+        """The run's id (created now if no write came yet) and the store's URI: saved with
+        a checkpoint."""
+        return {"run_id": self.run_id, "tracking_uri": str(self.client.tracking_uri)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """In a resumed run: log to the checkpoint's run, marked ``RUNNING`` again.
+
+        Raises:
+            ValueError: this writer was given another run, or the store does not hold the
+                checkpoint's run (deleted, or another ``tracking_uri``).
+        """
+        from mlflow.exceptions import MlflowException
+
+        saved = str(state["run_id"])
+        if self._run_id is not None and self._run_id != saved:
+            raise ValueError(_MLFLOW_OTHER_RUN.format(saved=saved, given=self._run_id))
+        try:
+            run = self.client.get_run(saved)
+        except MlflowException:
+            run = None
+        if run is None or run.info.lifecycle_stage == "deleted":
+            was, uri = str(state.get("tracking_uri")), str(self.client.tracking_uri)
+            why = "" if run is None else " (it was deleted)"
+            raise ValueError(_MLFLOW_MISSING_RUN.format(id=saved, was=was, uri=uri, why=why))
+        self._run_id = saved
+        if run.info.status != "RUNNING":
+            self.client.update_run(saved, status="RUNNING")
+
     def resume_at(self, step: int) -> None:
-        """Skips the steps after ``step`` that the run already holds (written by the
-        interrupted run, equal to what the resumed run computes)."""
+        """Skips, key by key, the steps after ``step`` that the run already holds (logged by
+        the interrupted run, equal to what the resumed run computes)."""
         if self._run_id is None:
             return
-        held = self.client.get_run(self._run_id).data.metrics
-        top = -1
-        for key in held:
-            history = self.client.get_metric_history(self._run_id, key)
-            top = max([top, *(m.step for m in history)])
-        self._skip_to = top if top > step else None
+        self._held = {}
+        for key in self.client.get_run(self._run_id).data.metrics:
+            top = max(m.step for m in self.client.get_metric_history(self._run_id, key))
+            if top > step:
+                self._held[key] = top
 
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-        if self._skip_to is not None and step <= self._skip_to:
-            return
         from mlflow.entities import Metric
 
         now = int(_time.time() * 1000)
-        self._pending += [Metric(k, float(v), now, int(step)) for k, v in scalars.items()]
+        self._pending += [
+            Metric(k, float(v), now, int(step))
+            for k, v in scalars.items()
+            if step > self._held.get(k, -1)
+        ]
         if len(self._pending) >= 1000:
             self.flush()
 
