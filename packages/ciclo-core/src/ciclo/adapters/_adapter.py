@@ -25,7 +25,10 @@ import optax
 
 from .._records._logs import Logs
 from ..managed._precision import cast_floating, to_float32
-from ..managed._state import ManagedState, step, train_step, unknown_name_error
+from ..managed._fields import unknown_name_error
+from ..managed._state import ManagedState
+from ..managed._static import Static
+from ..managed._step import step, train_step
 from ..managed._strategies import Strategy
 from ._libraries import LibraryFunction, from_libraries
 from ._training import requested_extras
@@ -286,60 +289,15 @@ def reduce_values(values: Any, sample_weight: Any = None, *, kind: str, name: st
 # --- static, hashable configuration --------------------------------------------------------
 
 
-class Static:
-    """Holds a value for a static field of a state: hashed once (a jitted step hashes its
-    static fields at every call), compared by identity first, then by value.
-
-    A value that is not hashable (a Flax module with list attributes...) is compared by
-    identity only.
-
-    Example:
-        >>> import ciclo
-        >>> ciclo.adapters.Static([1, 2]) == ciclo.adapters.Static([1, 2])  # unhashable
-        False
-        >>> ciclo.adapters.Static((1, 2)) == ciclo.adapters.Static((1, 2))
-        True
-    """
-
-    __slots__ = ("_hash", "hashable", "value")
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-        try:
-            self._hash = hash(value)
-            self.hashable = True
-        except TypeError:
-            self._hash = id(value)
-            self.hashable = False
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Static):
-            return NotImplemented
-        if self.value is other.value:
-            return True
-        return (
-            self.hashable
-            and other.hashable
-            and self._hash == other._hash
-            and bool(self.value == other.value)
-        )
-
-    def __repr__(self) -> str:
-        return f"Static({self.value!r})"
-
-
 class _NamedFunctions(Mapping[str, Any]):
-    """An immutable, hashable ``{name: function}`` (a static field of a jitted state), with
-    the extra arguments each function asks for by name (``params``, ``state``), read once."""
+    """An immutable, hashable ``{name: function}`` (a static field of a state: hashed with
+    the state's other static fields, once, in its :class:`Static` node data), with the extra
+    arguments each function asks for by name (``params``, ``state``), read once."""
 
-    __slots__ = ("_hash", "_items", "extras")
+    __slots__ = ("_items", "extras")
 
     def __init__(self, items: Mapping[str, Any]) -> None:
         self._items = dict(items)
-        self._hash = hash(tuple(self._items.items()))
         self.extras = {
             name: () if is_stateful_metric(fn) else requested_extras(fn)
             for name, fn in self._items.items()
@@ -355,13 +313,13 @@ class _NamedFunctions(Mapping[str, Any]):
         return len(self._items)
 
     def __hash__(self) -> int:
-        return self._hash
+        return hash(tuple(self._items.items()))
 
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
         if isinstance(other, _NamedFunctions):
-            return self._hash == other._hash and self._items == other._items
+            return self._items == other._items
         return NotImplemented
 
     def __repr__(self) -> str:
