@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import optax
 
 from .._records._logs import Logs
-from ..managed._precision import cast_floating, to_float32
 from ..managed._fields import unknown_name_error
+from ..managed._precision import cast_floating, to_float32
 from ..managed._state import ManagedState
 from ..managed._static import Static
 from ..managed._step import step, train_step
@@ -188,19 +188,12 @@ class BatchFormat:
                 return Batch(batch[0], batch[1])
             if len(batch) == 3:
                 return Batch(batch[0], batch[1], batch[2])
-            raise ValueError(
-                f"{step}: a batch tuple must be (inputs, targets) or (inputs, targets, "
-                f"sample_weight), got a {type(batch).__name__} of {len(batch)} items. To give "
-                f"the model several inputs, nest them: ((x1, x2), targets)."
-            )
+            kind = type(batch).__name__
+            raise ValueError(_BAD_TUPLE.format(step=step, kind=kind, items=len(batch)))
         if not targets:
             return Batch(batch)
-        raise TypeError(
-            f"{step}: cannot find inputs and targets in a batch of type "
-            f"{type(batch).__name__}. Give (inputs, targets), (inputs, targets, "
-            f"sample_weight), or a dict with keys {self._keys_text()} (choose the keys with "
-            f"create_state(..., inputs_key=..., targets_key=...))."
-        )
+        kind = type(batch).__name__
+        raise TypeError(_NO_INPUTS.format(step=step, kind=kind, keys=self._keys_text()))
 
     def _unpack_mapping(self, batch: Mapping[str, Any], *, step: str, targets: bool) -> Batch:
         input_keys = (self.inputs_key,) if isinstance(self.inputs_key, str) else self.inputs_key
@@ -208,9 +201,9 @@ class BatchFormat:
         missing = [key for key in wanted if key not in batch]
         if missing:
             raise KeyError(
-                f"{step}: the batch has keys {sorted(batch)} but not {missing}. Name the keys "
-                f"when creating the state: create_state(..., inputs_key=..., "
-                f"targets_key=...) (now {self._keys_text()})."
+                _MISSING_KEYS.format(
+                    step=step, keys=sorted(batch), missing=missing, now=self._keys_text()
+                )
             )
         if isinstance(self.inputs_key, str):
             inputs = batch[self.inputs_key]
@@ -232,11 +225,7 @@ class BatchFormat:
 
 def _per_example(values: jax.Array, kind: str, name: str) -> jax.Array:
     if values.ndim == 0:
-        raise ValueError(
-            f"{kind} {name!r} returned a scalar, so the batch's sample weights cannot be "
-            f"applied to it. Return one value per example (shape (batch,)), e.g. "
-            f"optax.softmax_cross_entropy_with_integer_labels(logits, labels) without .mean()."
-        )
+        raise ValueError(_SCALAR_WITH_WEIGHTS.format(kind=kind, name=name))
     dtype = jnp.promote_types(values.dtype, jnp.float32)
     if not jnp.issubdtype(values.dtype, jnp.floating):
         dtype = jnp.dtype(jnp.float32)
@@ -251,9 +240,7 @@ def _checked_weights(sample_weight: Any, values: jax.Array, kind: str, name: str
     weights = jnp.asarray(sample_weight)
     if weights.shape != values.shape:
         raise ValueError(
-            f"{kind} {name!r}: sample_weight has shape {weights.shape}, but the {kind} has "
-            f"{values.shape[0]} per-example values; give one weight per example, shape "
-            f"({values.shape[0]},)."
+            _WEIGHTS_SHAPE.format(kind=kind, name=name, shape=weights.shape, n=values.shape[0])
         )
     return weights.astype(values.dtype)
 
@@ -326,12 +313,18 @@ class _NamedFunctions(Mapping[str, Any]):
         return repr(self._items)
 
 
+_EXAMPLES = {
+    "losses": "losses={'loss': optax.softmax_cross_entropy_with_integer_labels}",
+    "metrics": "metrics={'accuracy': lambda logits, labels: logits.argmax(-1) == labels}",
+}
+_FUNCTION_KINDS = {
+    False: "fn(preds, targets)",
+    True: "fn(preds, targets) or a ciclo.adapters.StatefulMetric",
+}
+
+
 def _named_functions(value: Any, what: str, *, stateful: bool) -> _NamedFunctions:
-    example = (
-        "losses={'loss': optax.softmax_cross_entropy_with_integer_labels}"
-        if what == "losses"
-        else "metrics={'accuracy': lambda logits, labels: logits.argmax(-1) == labels}"
-    )
+    example = _EXAMPLES[what]
     if value is None:
         return _NamedFunctions({})
     if not isinstance(value, Mapping):
@@ -346,11 +339,7 @@ def _named_functions(value: Any, what: str, *, stateful: bool) -> _NamedFunction
         if stateful and is_stateful_metric(fn):
             continue
         if not callable(fn):
-            kinds = (
-                "fn(preds, targets) or a ciclo.adapters.StatefulMetric"
-                if stateful
-                else ("fn(preds, targets)")
-            )
+            kinds = _FUNCTION_KINDS[stateful]
             raise TypeError(f"{what}[{name!r}] must be {kinds}, got {fn!r}. Example: {example}.")
     return _NamedFunctions(value)
 
@@ -419,6 +408,42 @@ def check_options(
     name = getattr(factory, "__name__", "create_state")
     where = f"{package}.{name}()" if package.startswith("ciclo_") else f"{name}()"
     raise unknown_name_error(where, "keyword", unknown[0], sorted(allowed), extra_hint=False)
+
+
+# --- messages -----------------------------------------------------------------------------
+_BAD_TUPLE = (
+    "{step}: a batch tuple must be (inputs, targets) or (inputs, targets, sample_weight), got "
+    "a {kind} of {items} items. To give the model several inputs, nest them: ((x1, x2), "
+    "targets)."
+)
+_NO_INPUTS = (
+    "{step}: cannot find inputs and targets in a batch of type {kind}. Give (inputs, "
+    "targets), (inputs, targets, sample_weight), or a dict with keys {keys} (choose the keys "
+    "with create_state(..., inputs_key=..., targets_key=...))."
+)
+_MISSING_KEYS = (
+    "{step}: the batch has keys {keys} but not {missing}. Name the keys when creating the "
+    "state: create_state(..., inputs_key=..., targets_key=...) (now {now})."
+)
+_SCALAR_WITH_WEIGHTS = (
+    "{kind} {name!r} returned a scalar, so the batch's sample weights cannot be applied to "
+    "it. Return one value per example (shape (batch,)), e.g. "
+    "optax.softmax_cross_entropy_with_integer_labels(logits, labels) without .mean()."
+)
+_WEIGHTS_SHAPE = (
+    "{kind} {name!r}: sample_weight has shape {shape}, but the {kind} has {n} per-example "
+    "values; give one weight per example, shape ({n},)."
+)
+_RECORDED_CLASH = (
+    "{cls}: the model recorded {collection} {name!r} (e.g. with self.sow), but the state's "
+    "{own} already has {name!r}, whose value it would replace. Rename the recorded value or "
+    "the state's {own} entry."
+)
+_NO_LOSSES = (
+    "{cls}.{step} needs losses to differentiate; create the state with "
+    "losses={{'loss': fn(preds, targets)}}, e.g. "
+    "losses={{'loss': optax.softmax_cross_entropy_with_integer_labels}}."
+)
 
 
 # --- a loss or metric that fails ----------------------------------------------------------
@@ -691,10 +716,12 @@ class AdapterState(ManagedState):
             for name in entries:
                 if name in own:
                     raise ValueError(
-                        f"{type(self).__name__}: the model recorded {collection} {name!r} "
-                        f"(e.g. with self.sow), but the state's {own[name]} already has "
-                        f"{name!r}, whose value it would replace. Rename the recorded value "
-                        f"or the state's {own[name]} entry."
+                        _RECORDED_CLASH.format(
+                            cls=type(self).__name__,
+                            collection=collection,
+                            name=name,
+                            own=own[name],
+                        )
                     )
         return recorded
 
@@ -719,11 +746,7 @@ class AdapterState(ManagedState):
 
     def _require_losses(self, step_name: str) -> None:
         if not self.losses:
-            raise ValueError(
-                f"{type(self).__name__}.{step_name} needs losses to differentiate; create the "
-                f"state with losses={{'loss': fn(preds, targets)}}, e.g. "
-                f"losses={{'loss': optax.softmax_cross_entropy_with_integer_labels}}."
-            )
+            raise ValueError(_NO_LOSSES.format(cls=type(self).__name__, step=step_name))
 
     @train_step
     def train_step(self: S, batch: Any) -> tuple[Logs, S]:

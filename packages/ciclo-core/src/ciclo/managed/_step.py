@@ -21,7 +21,6 @@ from ._strategies import Strategy, identity
 __all__ = ["ManagedStep", "step", "train_step"]
 
 
-
 def _step_arity(fn: StepFunction) -> int:
     """How many of ``(state, batch, broadcasts, statics)`` a step function takes."""
     try:
@@ -425,9 +424,7 @@ def step(fn: StepFunction) -> ManagedStep:
 
 def _check_step_function(fn: Any, decorator: str) -> None:
     if not callable(fn):
-        raise TypeError(
-            _NOT_A_FUNCTION.format(decorator=decorator, fn=fn, kind=type(fn).__name__)
-        )
+        raise TypeError(_NOT_A_FUNCTION.format(decorator=decorator, fn=fn, kind=type(fn).__name__))
 
 
 _TAKES_FEWER = (
