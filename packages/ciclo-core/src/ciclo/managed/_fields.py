@@ -1,25 +1,18 @@
-"""A state's fields: declared, checked by name (a typo names its close match), and
-registered as a pytree (data fields are children, static fields one :class:`Static`)."""
+"""A state's fields: declared (annotations of undecorated subclasses too) and checked by
+name, a typo naming its close match."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import inspect
-import operator
 from collections.abc import Iterable, Sequence
-from typing import Any
-
-import jax
-
-from ._static import Static
 
 __all__ = [
     "close_match",
     "create_options",
     "declare_fields",
     "field_names",
-    "register_state",
     "unknown_name_error",
 ]
 
@@ -114,86 +107,3 @@ def declare_fields(cls: type, base: type) -> None:
         ):
             dataclasses.dataclass(frozen=True, kw_only=True)(klass)
     _DECLARED.add(cls)
-
-
-def _is_static(field: dataclasses.Field[Any]) -> bool:
-    """A static field: ``metadata={"static": True}``, or flax's
-    ``struct.field(pytree_node=False)``."""
-    return bool(field.metadata.get("static", False)) or field.metadata.get("pytree_node") is False
-
-
-#: The key of a state's :class:`Static` node data in its ``__dict__``.
-_NODE_DATA = "__ciclo_static__"
-
-_UNHASHABLE_STATIC = (
-    "{cls}: the static field {name!r} holds an unhashable {type} ({value!r}), and a compiled "
-    "step hashes static fields to find its compiled version. Make it hashable (a tuple, a "
-    "frozen dataclass), hold it in a ciclo.adapters.Static (compared by identity), or make "
-    "it a data field (arrays)."
-)
-
-
-def register_state(cls: type) -> None:
-    """Registers the state class ``cls`` as a pytree: data fields are its children, its
-    static fields one :class:`Static` (hashed once per state; a compiled step's output
-    state carries its input's, so the step finds its compiled version by identity).
-
-    Unflattening (a compiled step's output state) fills the instance's ``__dict__``
-    directly, without ``__init__``: the fields were checked when the state was built, and
-    a frozen dataclass's ``__init__`` costs microseconds per step (as would
-    ``jax.tree_util.register_dataclass``, which calls it).
-    """
-    fields = dataclasses.fields(cls)
-    meta = tuple(f.name for f in fields if _is_static(f))
-    data = tuple(f.name for f in fields if not _is_static(f))
-    keys = tuple(jax.tree_util.GetAttrKey(name) for name in data)
-    new, set_attribute = object.__new__, object.__setattr__
-    # The static part of an unflattened state's __dict__, by node data (a loop's steps
-    # unflatten with the same one).
-    static_parts: dict[Static, dict[str, Any]] = {}
-
-    def node_data(state: Any) -> Static:
-        values = state.__dict__
-        static: Static | None = values.get(_NODE_DATA)
-        if static is None:
-            static = values[_NODE_DATA] = Static(tuple(values[n] for n in meta))
-            if not static.hashable:
-                _raise_unhashable(cls, meta, static.value)
-        return static
-
-    children = operator.itemgetter(*data)  # one C call (data has at least 5 fields)
-
-    def flatten(state: Any) -> tuple[tuple[Any, ...], Static]:
-        values = state.__dict__
-        return children(values), values.get(_NODE_DATA) or node_data(state)
-
-    def flatten_with_keys(state: Any) -> tuple[list[tuple[Any, Any]], Static]:
-        values = state.__dict__
-        return [(k, values[n]) for k, n in zip(keys, data, strict=True)], node_data(state)
-
-    def unflatten(static: Static, children: Iterable[Any]) -> Any:
-        part = static_parts.get(static)
-        if part is None:
-            if len(static_parts) >= 64:
-                static_parts.clear()
-            part = static_parts[static] = dict(zip(meta, static.value, strict=True))
-            part[_NODE_DATA] = static
-        state: Any = new(cls)
-        values = part.copy()
-        values.update(zip(data, children, strict=True))
-        set_attribute(state, "__dict__", values)
-        return state
-
-    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
-
-
-def _raise_unhashable(cls: type, names: tuple[str, ...], values: tuple[Any, ...]) -> None:
-    for name, value in zip(names, values, strict=True):
-        try:
-            hash(value)
-        except TypeError:
-            raise TypeError(
-                _UNHASHABLE_STATIC.format(
-                    cls=cls.__name__, name=name, type=type(value).__name__, value=value
-                )
-            ) from None

@@ -4,8 +4,9 @@ use it are in ``_step.py``)."""
 from __future__ import annotations
 
 import dataclasses
+import operator
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, TypeVar, cast
 
 import jax
@@ -19,11 +20,10 @@ from ._fields import (
     create_options,
     declare_fields,
     field_names,
-    register_state,
     unknown_name_error,
 )
 from ._precision import LossScale, cast_floating, precision_fields
-from ._static import Static, keep_static
+from ._static import Static, keep_static, shared
 from ._strategies import Strategy, get_strategy
 
 __all__ = ["ManagedState"]
@@ -304,3 +304,90 @@ _SET_BY_CREATE = (
     "itself. To start from another step or optimizer state, create the state, then "
     "state.replace({fix}) (or restore a checkpoint with ciclo.restore)."
 )
+
+
+def _is_static(field: dataclasses.Field[Any]) -> bool:
+    """A static field: ``metadata={"static": True}``, or flax's
+    ``struct.field(pytree_node=False)``."""
+    return bool(field.metadata.get("static", False)) or field.metadata.get("pytree_node") is False
+
+
+#: The key of a state's :class:`Static` node data in its ``__dict__``.
+_NODE_DATA = "__ciclo_static__"
+
+_UNHASHABLE_STATIC = (
+    "{cls}: the static field {name!r} holds an unhashable {type} ({value!r}), and a compiled "
+    "step hashes static fields to find its compiled version. Make it hashable (a tuple, a "
+    "frozen dataclass), hold it in a ciclo.adapters.Static (compared by identity), or make "
+    "it a data field (arrays)."
+)
+
+
+def register_state(cls: type) -> None:
+    """Registers the state class ``cls`` as a pytree: data fields are its children, its
+    static fields one :class:`Static` (hashed once per state, and shared by states with
+    equal static fields: a compiled step's output state carries the one it was compiled
+    for, so the step finds its compiled version by identity, with no Python call).
+
+    Unflattening (a compiled step's output state) fills the instance's ``__dict__``
+    directly, without ``__init__``: the fields were checked when the state was built, and
+    a frozen dataclass's ``__init__`` costs microseconds per step (as would
+    ``jax.tree_util.register_dataclass``, which calls it).
+    """
+    fields = dataclasses.fields(cls)
+    meta = tuple(f.name for f in fields if _is_static(f))
+    data = tuple(f.name for f in fields if not _is_static(f))
+    keys = tuple(jax.tree_util.GetAttrKey(name) for name in data)
+    new, set_attribute = object.__new__, object.__setattr__
+    # The static part of an unflattened state's __dict__, by the id of its node data (a
+    # loop's steps unflatten with the same one); the entry holds the node data, so that id
+    # is not reused while it is cached, and no Python __hash__ runs per step.
+    static_parts: dict[int, tuple[Static, dict[str, Any]]] = {}
+
+    def node_data(state: Any) -> Static:
+        values = state.__dict__
+        static: Static | None = values.get(_NODE_DATA)
+        if static is None:
+            static = Static(tuple(values[n] for n in meta))
+            if not static.hashable:
+                _raise_unhashable(cls, meta, static.value)
+            static = values[_NODE_DATA] = shared(static)
+        return static
+
+    children = operator.itemgetter(*data)  # one C call (data has at least 5 fields)
+
+    def flatten(state: Any) -> tuple[tuple[Any, ...], Static]:
+        values = state.__dict__
+        return children(values), values.get(_NODE_DATA) or node_data(state)
+
+    def flatten_with_keys(state: Any) -> tuple[list[tuple[Any, Any]], Static]:
+        values = state.__dict__
+        return [(k, values[n]) for k, n in zip(keys, data, strict=True)], node_data(state)
+
+    def unflatten(static: Static, children: Iterable[Any]) -> Any:
+        cached = static_parts.get(id(static))
+        if cached is None or cached[0] is not static:
+            if len(static_parts) >= 64:
+                static_parts.clear()
+            part = dict(zip(meta, static.value, strict=True))
+            part[_NODE_DATA] = static
+            cached = static_parts[id(static)] = (static, part)
+        state: Any = new(cls)
+        values = cached[1].copy()
+        values.update(zip(data, children, strict=True))
+        set_attribute(state, "__dict__", values)
+        return state
+
+    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
+
+
+def _raise_unhashable(cls: type, names: tuple[str, ...], values: tuple[Any, ...]) -> None:
+    for name, value in zip(names, values, strict=True):
+        try:
+            hash(value)
+        except TypeError:
+            raise TypeError(
+                _UNHASHABLE_STATIC.format(
+                    cls=cls.__name__, name=name, type=type(value).__name__, value=value
+                )
+            ) from None

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from typing import Any
 
 import jax
 
-__all__ = ["Static", "keep_static"]
+__all__ = ["Static", "keep_static", "shared"]
 
 
 class Static:
@@ -32,7 +33,7 @@ class Static:
         True
     """
 
-    __slots__ = ("_hash", "hashable", "value")
+    __slots__ = ("__weakref__", "_hash", "hashable", "value")
 
     def __init__(self, value: Any) -> None:
         self.value = value
@@ -65,6 +66,27 @@ class Static:
 
 
 jax.tree_util.register_pytree_node(Static, lambda static: ((), static), lambda static, _: static)
+
+_SHARED: weakref.WeakValueDictionary[int, Static] = weakref.WeakValueDictionary()
+
+
+def shared(static: Static) -> Static:
+    """The one :class:`Static` in use equal to ``static`` (``static`` itself if there is
+    none): a jitted step compares its arguments' static parts with those it was compiled
+    for, and the same object compares without a Python call.
+
+    Example:
+        >>> a = shared(Static((1, 2)))
+        >>> shared(Static((1, 2))) is a
+        True
+    """
+    if not static.hashable:
+        return static
+    found = _SHARED.get(static._hash)
+    if found is not None and found == static:
+        return found
+    _SHARED[static._hash] = static
+    return static
 
 
 def keep_static(value: Any) -> Any:
