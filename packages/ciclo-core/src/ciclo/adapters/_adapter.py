@@ -27,7 +27,6 @@ from .._records._logs import Logs
 from ..managed._fields import unknown_name_error
 from ..managed._precision import cast_floating, to_float32
 from ..managed._state import ManagedState
-from ..managed._static import Static
 from ..managed._step import step, train_step
 from ..managed._strategies import Strategy
 from ._libraries import LibraryFunction, from_libraries
@@ -39,7 +38,6 @@ __all__ = [
     "BatchFormat",
     "FunctionState",
     "STATE_OPTIONS",
-    "Static",
     "StatefulMetric",
     "as_key",
     "check_options",
@@ -278,7 +276,7 @@ def reduce_values(values: Any, sample_weight: Any = None, *, kind: str, name: st
 
 class _NamedFunctions(Mapping[str, Any]):
     """An immutable, hashable ``{name: function}`` (a static field of a state: hashed with
-    the state's other static fields, once, in its :class:`Static` node data), with the extra
+    the state's other static fields, once, in its ``Static`` node data), with the extra
     arguments each function asks for by name (``params``, ``state``), read once."""
 
     __slots__ = ("_items", "extras")
