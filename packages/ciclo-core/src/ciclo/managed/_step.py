@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import jax
@@ -76,7 +76,7 @@ class ManagedStep:
         # Shared by the steps bind() makes: one compilation per strategy and statics.
         self._compiled = {} if compiled is None else compiled
         # This step's own calls without arguments, by strategy (see __call__).
-        self._calls: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
+        self._calls: dict[Strategy, StepFunction] = {}
         self._defined_in: type | None = None  # the class whose body holds it
         self._inherited: dict[type, ManagedStep] = {}  # as read from subclasses (__get__)
 
@@ -173,29 +173,31 @@ class ManagedStep:
             except (AttributeError, TypeError):
                 run = None
             if run is not None:
-                return run(state, batch)
+                return run(state, batch, None)
         strategy = self._strategy_of(state)
         if broadcasts is None and statics is None:
             run = self._calls[strategy] = self._prepared(strategy)
-            return run(state, batch)
+            return run(state, batch, None)
         broadcasts, statics = self._args(broadcasts, statics)
         return self.compiled_for(strategy, statics=statics)(
             state, strategy.place_batch(batch), strategy.place_broadcasts(broadcasts)
         )
 
-    def _prepared(self, strategy: Strategy) -> Callable[[Any, Any], tuple[Logs, Any]]:
-        """``(state, batch) -> (logs, state)`` with the bound broadcasts and statics: the
-        compiled step, and only the placements that do something."""
+    def _prepared(self, strategy: Strategy) -> StepFunction:
+        """``(state, batch, None) -> (logs, state)`` with the bound broadcasts and statics:
+        the compiled step itself when there is nothing to place (the per-step path then
+        makes no Python call of ciclo's between the state and the jitted step: see
+        benchmarks/haiku_step.py), else with only the placements that do something."""
         compiled = self.compiled_for(strategy, statics=self.statics)
         place_batch, place_broadcasts = strategy.place_batch, strategy.place_broadcasts
         broadcasts = self.broadcasts
         if broadcasts is not None:
-            return lambda state, batch: compiled(
+            return lambda state, batch, _: compiled(
                 state, place_batch(batch), place_broadcasts(broadcasts)
             )
         if place_batch is identity:
-            return lambda state, batch: compiled(state, batch, None)
-        return lambda state, batch: compiled(state, place_batch(batch), None)
+            return compiled
+        return lambda state, batch, _: compiled(state, place_batch(batch), None)
 
     def many(
         self,
@@ -349,7 +351,7 @@ class _BoundStep:
             except (AttributeError, TypeError):
                 run = None
             if run is not None:
-                return run(instance, batch)
+                return run(instance, batch, None)
         return self.step(self.instance, batch, broadcasts, statics)
 
     def many(
