@@ -357,3 +357,27 @@ def test_train_loop_fuses_steps_between_evaluations_with_a_progress_bar(monkeypa
     # Each evaluation (not an observer) ends a group at its epoch's last step.
     assert spy.groups == [7, 7, 6]
     assert "20/20" in output.getvalue()
+
+
+def test_an_unhashable_static_field_is_an_error_naming_it():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Configured(ManagedState):
+        layers: list = dataclasses.field(default_factory=list, metadata={"static": True})
+
+    state = Configured.create(params={"w": jnp.zeros(2)}, tx=None, layers=[8, 8])
+    with pytest.raises(TypeError, match=r"static field 'layers' holds an unhashable list"):
+        jax.tree_util.tree_flatten(state)
+
+
+def test_states_with_equal_static_fields_share_their_static_part():
+    # A compiled step compares its arguments' static parts with those it was compiled for:
+    # the same object compares without a Python call.
+    tx = optax.sgd(0.1)
+    a = ManagedState.create(params={"w": jnp.zeros(2)}, tx=tx)
+    b = ManagedState.create(params={"w": jnp.ones(2)}, tx=tx)
+    other = ManagedState.create(params={"w": jnp.ones(2)}, tx=optax.sgd(0.1))
+    static = jax.tree_util.tree_structure(a).node_data()[1]
+    assert jax.tree_util.tree_structure(b).node_data()[1] is static
+    assert jax.tree_util.tree_structure(other).node_data()[1] is not static

@@ -79,12 +79,8 @@ class EquinoxState(AdapterState):
             except (TypeError, ValueError) as error:
                 if not self._runs_per_example(model, inputs, model_state, key):
                     raise
-                raise type(error)(
-                    f"{type(model).__name__} failed on a batch of inputs ({error}), but it runs "
-                    f"on a single example: it is a per-example model (the usual Equinox "
-                    f"idiom). Use create_state(..., vmap=True) so ciclo vmaps it over the "
-                    f"batch."
-                ) from error
+                name = type(model).__name__
+                raise type(error)(_PER_EXAMPLE.format(name=name, error=error)) from error
         batch_size = _batch_size(inputs, model)
         keys = None if key is None else jax.random.split(key, batch_size)
         try:
@@ -98,9 +94,7 @@ class EquinoxState(AdapterState):
             if "out_axes" not in str(error) or model_state is None:
                 raise
             raise ValueError(
-                f"{type(model).__name__} (vmap=True) returned a model state that differs "
-                f"between the examples of a batch; the state must be shared by the batch, as "
-                f"eqx.nn.BatchNorm's is (it averages over axis_name={self.axis_name!r})."
+                _STATE_DIFFERS.format(name=type(model).__name__, axis_name=self.axis_name)
             ) from error
 
     def _runs_per_example(self, model: Any, inputs: Any, model_state: Any, key: Any) -> bool:
@@ -125,21 +119,13 @@ class EquinoxState(AdapterState):
         except NameError as error:
             if "axis name" not in str(error):
                 raise
-            hint = (
-                f"create_state(..., vmap=True, axis_name=...) with the axis name its layers "
-                f"use (now {self.axis_name!r})"
-                if self.vmap
-                else "create_state(..., vmap=True) so ciclo vmaps it over the batch"
-            )
+            hint = (_AXIS_NAME_HINT if self.vmap else _VMAP_HINT).format(axis_name=self.axis_name)
             raise NameError(
-                f"{type(model).__name__} uses a named axis (eqx.nn.BatchNorm(axis_name=...)) "
-                f"that is not bound: it is a per-example model; use {hint}. ({error})"
+                _UNBOUND_AXIS.format(name=type(model).__name__, hint=hint, error=error)
             ) from error
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], eqx.nn.State)):
             raise TypeError(
-                f"{type(model).__name__} was called as model(x, state) because the ciclo state "
-                f"has a model state, so it must return (output, new_state) with an "
-                f"eqx.nn.State, but it returned {_describe(out)}."
+                _NOT_OUT_AND_STATE.format(name=type(model).__name__, out=_describe(out))
             )
         return out[0], out[1]
 
@@ -185,12 +171,7 @@ def _with_initial_state(model: Any) -> tuple[Any, eqx.nn.State | None]:
         return eqx.nn.make_with_state(lambda: model)()
     except ValueError:
         name = type(model).__name__
-        raise ValueError(
-            f"{name} has stateful layers (eqx.nn.BatchNorm, eqx.nn.StateIndex...) but no state "
-            f"was given. Pass the state eqx.nn.make_with_state returns: model, model_state = "
-            f"eqx.nn.make_with_state({name})(...); create_state(model, tx, "
-            f"state=model_state, ...)."
-        ) from None
+        raise ValueError(_NO_STATE.format(name=name)) from None
 
 
 def _check_model(model: Any, tx: Any) -> None:
@@ -202,16 +183,9 @@ def _check_model(model: Any, tx: Any) -> None:
             )
         return
     if isinstance(model, tuple) and len(model) == 2 and isinstance(model[1], eqx.nn.State):
-        raise TypeError(
-            "create_state got a (model, state) tuple, as eqx.nn.make_with_state returns. Pass "
-            "them apart: model, model_state = eqx.nn.make_with_state(Model)(...); "
-            "create_state(model, tx, state=model_state, ...)."
-        )
-    raise TypeError(
-        f"ciclo_equinox.create_state needs an equinox.Module, got {type(model).__module__}."
-        f"{type(model).__qualname__}. Define the model as a subclass of eqx.Module (for a "
-        f"plain function use ciclo.adapters.FunctionState)."
-    )
+        raise TypeError(_MODEL_AND_STATE)
+    kind = f"{type(model).__module__}.{type(model).__qualname__}"
+    raise TypeError(_NOT_A_MODULE.format(kind=kind))
 
 
 def _partition(model: Any, filter_spec: Any) -> tuple[Any, Any, Static]:
@@ -221,9 +195,7 @@ def _partition(model: Any, filter_spec: Any) -> tuple[Any, Any, Static]:
         params, frozen = eqx.partition(arrays, filter_spec)
     except (TypeError, ValueError) as error:
         raise TypeError(
-            f"filter_spec must be a function array -> bool (e.g. eqx.is_inexact_array) or a "
-            f"pytree of bools that is a prefix of {name}, as in eqx.partition; got "
-            f"{filter_spec!r} ({error})."
+            _BAD_FILTER.format(name=name, filter_spec=filter_spec, error=error)
         ) from error
     if not jax.tree_util.tree_leaves(params):
         raise ValueError(
@@ -233,11 +205,7 @@ def _partition(model: Any, filter_spec: Any) -> tuple[Any, Any, Static]:
     path_leaves = jax.tree_util.tree_leaves_with_path(params)
     not_float = [jax.tree_util.keystr(p) for p, x in path_leaves if not eqx.is_inexact_array(x)]
     if not_float:
-        raise TypeError(
-            f"filter_spec selects arrays of {name} that are not floating point, which cannot "
-            f"be differentiated: {not_float[:5]}. Select floating-point arrays only, e.g. "
-            f"combine your filter with eqx.is_inexact_array."
-        )
+        raise TypeError(_NOT_FLOAT.format(name=name, leaves=not_float[:5]))
     # Flattened, a list of layers is structure, not an unhashable value: models built alike
     # share compiled steps. (An unhashable leaf is compared by identity: it still works.)
     leaves, treedef = jax.tree_util.tree_flatten(rest)
@@ -335,3 +303,51 @@ def create_state(
         axis_name=axis_name,
         **options,
     )
+
+
+_PER_EXAMPLE = (
+    "{name} failed on a batch of inputs ({error}), but it runs on a single example: it is a "
+    "per-example model (the usual Equinox idiom). Use create_state(..., vmap=True) so ciclo "
+    "vmaps it over the batch."
+)
+_STATE_DIFFERS = (
+    "{name} (vmap=True) returned a model state that differs between the examples of a "
+    "batch; the state must be shared by the batch, as eqx.nn.BatchNorm's is (it averages "
+    "over axis_name={axis_name!r})."
+)
+_AXIS_NAME_HINT = (
+    "create_state(..., vmap=True, axis_name=...) with the axis name its layers use (now "
+    "{axis_name!r})"
+)
+_VMAP_HINT = "create_state(..., vmap=True) so ciclo vmaps it over the batch"
+_UNBOUND_AXIS = (
+    "{name} uses a named axis (eqx.nn.BatchNorm(axis_name=...)) that is not bound: it is a "
+    "per-example model; use {hint}. ({error})"
+)
+_NOT_OUT_AND_STATE = (
+    "{name} was called as model(x, state) because the ciclo state has a model state, so it "
+    "must return (output, new_state) with an eqx.nn.State, but it returned {out}."
+)
+_NO_STATE = (
+    "{name} has stateful layers (eqx.nn.BatchNorm, eqx.nn.StateIndex...) but no state was "
+    "given. Pass the state eqx.nn.make_with_state returns: model, model_state = "
+    "eqx.nn.make_with_state({name})(...); create_state(model, tx, state=model_state, ...)."
+)
+_MODEL_AND_STATE = (
+    "create_state got a (model, state) tuple, as eqx.nn.make_with_state returns. Pass them "
+    "apart: model, model_state = eqx.nn.make_with_state(Model)(...); create_state(model, tx, "
+    "state=model_state, ...)."
+)
+_NOT_A_MODULE = (
+    "ciclo_equinox.create_state needs an equinox.Module, got {kind}. Define the model as a "
+    "subclass of eqx.Module (for a plain function use ciclo.adapters.FunctionState)."
+)
+_BAD_FILTER = (
+    "filter_spec must be a function array -> bool (e.g. eqx.is_inexact_array) or a pytree of "
+    "bools that is a prefix of {name}, as in eqx.partition; got {filter_spec!r} ({error})."
+)
+_NOT_FLOAT = (
+    "filter_spec selects arrays of {name} that are not floating point, which cannot be "
+    "differentiated: {leaves}. Select floating-point arrays only, e.g. combine your filter "
+    "with eqx.is_inexact_array."
+)

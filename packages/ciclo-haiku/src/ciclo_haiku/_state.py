@@ -168,33 +168,14 @@ def _transformed(model: Any) -> hk.Transformed | hk.TransformedWithState:
     if isinstance(model, hk.Transformed | hk.TransformedWithState):
         return model
     if isinstance(model, hk.MultiTransformed | hk.MultiTransformedWithState):
-        raise TypeError(
-            "ciclo_haiku.create_state got an hk.multi_transform result, which has several "
-            "apply functions; ciclo trains one. Transform a single function that returns the "
-            "predictions, e.g. ciclo_haiku.create_state(forward, ...), or "
-            "hk.transform_with_state(forward)."
-        )
+        raise TypeError(_MULTI_TRANSFORM)
     if isinstance(model, type) and issubclass(model, hk.Module):
-        raise TypeError(
-            f"ciclo_haiku.create_state got the Haiku module class {model.__name__}; Haiku "
-            f"modules can only be built inside a transformed function. Pass a function that "
-            f"builds and calls it, e.g. ciclo_haiku.create_state(lambda x: "
-            f"{model.__name__}(...)(x), ...)."
-        )
+        raise TypeError(_MODULE_CLASS.format(name=model.__name__))
     if hasattr(model, "init") and hasattr(model, "apply"):
-        raise TypeError(
-            f"ciclo_haiku.create_state got a {type(model).__module__}.{type(model).__qualname__}"
-            f", which has init/apply but is not an hk.Transformed or hk.TransformedWithState. "
-            f"For a model of another framework use ciclo.create_state(model, ...), which picks "
-            f"its adapter; for Haiku pass the function or hk.transform_with_state(function)."
-        )
+        kind = f"{type(model).__module__}.{type(model).__qualname__}"
+        raise TypeError(_OTHER_FRAMEWORK.format(kind=kind))
     if not callable(model):
-        raise TypeError(
-            f"ciclo_haiku.create_state needs a function using Haiku modules, or an "
-            f"hk.Transformed / hk.TransformedWithState, got {type(model).__name__}. Example: "
-            f"def forward(x, is_training): ...; ciclo_haiku.create_state(forward, x[:1], tx, "
-            f"losses=...)."
-        )
+        raise TypeError(_NOT_A_MODEL.format(kind=type(model).__name__))
     try:
         return _transform(model)
     except TypeError:  # an unhashable callable: not cached
@@ -234,9 +215,7 @@ def _check_callable_with_inputs(signature: inspect.Signature | None, flag: str |
     except TypeError as error:
         call = "f(inputs" + ("" if flag is None else f", {flag}=...") + ")"
         raise TypeError(
-            f"ciclo calls the model function as {call}, but its signature is {signature} "
-            f"({error}). Make it take the batch's inputs as one argument (a dict of inputs "
-            f"with inputs_key=('a', 'b')), with defaults for the other arguments."
+            _NOT_CALLABLE_WITH_INPUTS.format(call=call, signature=signature, error=error)
         ) from None
 
 
@@ -257,9 +236,37 @@ def _empty_state_or_error(
     if with_state:
         _, state = jax.eval_shape(_jitted_init(transformed.init, flag), rng, inputs)
         if state:
-            raise ValueError(
-                f"params were given without model_state, but the model has Haiku state "
-                f"({sorted(state)}). Pass both from init: params, model_state = "
-                f"transformed.init(rng, inputs, is_training=True)."
-            )
+            raise ValueError(_STATE_MISSING.format(names=sorted(state)))
     return {}
+
+
+_MULTI_TRANSFORM = (
+    "ciclo_haiku.create_state got an hk.multi_transform result, which has several apply "
+    "functions; ciclo trains one. Transform a single function that returns the predictions, "
+    "e.g. ciclo_haiku.create_state(forward, ...), or hk.transform_with_state(forward)."
+)
+_MODULE_CLASS = (
+    "ciclo_haiku.create_state got the Haiku module class {name}; Haiku modules can only be "
+    "built inside a transformed function. Pass a function that builds and calls it, e.g. "
+    "ciclo_haiku.create_state(lambda x: {name}(...)(x), ...)."
+)
+_OTHER_FRAMEWORK = (
+    "ciclo_haiku.create_state got a {kind}, which has init/apply but is not an hk.Transformed "
+    "or hk.TransformedWithState. For a model of another framework use "
+    "ciclo.create_state(model, ...), which picks its adapter; for Haiku pass the function or "
+    "hk.transform_with_state(function)."
+)
+_NOT_A_MODEL = (
+    "ciclo_haiku.create_state needs a function using Haiku modules, or an hk.Transformed / "
+    "hk.TransformedWithState, got {kind}. Example: def forward(x, is_training): ...; "
+    "ciclo_haiku.create_state(forward, x[:1], tx, losses=...)."
+)
+_NOT_CALLABLE_WITH_INPUTS = (
+    "ciclo calls the model function as {call}, but its signature is {signature} ({error}). "
+    "Make it take the batch's inputs as one argument (a dict of inputs with "
+    "inputs_key=('a', 'b')), with defaults for the other arguments."
+)
+_STATE_MISSING = (
+    "params were given without model_state, but the model has Haiku state ({names}). Pass "
+    "both from init: params, model_state = transformed.init(rng, inputs, is_training=True)."
+)

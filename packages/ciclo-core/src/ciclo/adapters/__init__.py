@@ -22,6 +22,7 @@ from .._plugins._discovery import get_adapter as get_adapter
 from .._plugins._discovery import installed_adapters as installed_adapters
 from .._plugins._discovery import register_adapter as register_adapter
 from .._plugins._record import Adapter as Adapter
+from ..managed._static import Static as Static
 from ._adapter import BATCH_OPTIONS as BATCH_OPTIONS
 from ._adapter import STATE_OPTIONS as STATE_OPTIONS
 from ._adapter import STATIC as STATIC
@@ -30,7 +31,6 @@ from ._adapter import Batch as Batch
 from ._adapter import BatchFormat as BatchFormat
 from ._adapter import FunctionState as FunctionState
 from ._adapter import StatefulMetric as StatefulMetric
-from ._adapter import Static as Static
 from ._adapter import as_key as as_key
 from ._adapter import check_options as check_options
 from ._adapter import is_stateful_metric as is_stateful_metric

@@ -24,8 +24,10 @@ import jax.numpy as jnp
 import optax
 
 from .._records._logs import Logs
+from ..managed._fields import unknown_name_error
 from ..managed._precision import cast_floating, to_float32
-from ..managed._state import ManagedState, step, train_step, unknown_name_error
+from ..managed._state import ManagedState
+from ..managed._step import step, train_step
 from ..managed._strategies import Strategy
 from ._libraries import LibraryFunction, from_libraries
 from ._training import requested_extras
@@ -36,7 +38,6 @@ __all__ = [
     "BatchFormat",
     "FunctionState",
     "STATE_OPTIONS",
-    "Static",
     "StatefulMetric",
     "as_key",
     "check_options",
@@ -185,19 +186,12 @@ class BatchFormat:
                 return Batch(batch[0], batch[1])
             if len(batch) == 3:
                 return Batch(batch[0], batch[1], batch[2])
-            raise ValueError(
-                f"{step}: a batch tuple must be (inputs, targets) or (inputs, targets, "
-                f"sample_weight), got a {type(batch).__name__} of {len(batch)} items. To give "
-                f"the model several inputs, nest them: ((x1, x2), targets)."
-            )
+            kind = type(batch).__name__
+            raise ValueError(_BAD_TUPLE.format(step=step, kind=kind, items=len(batch)))
         if not targets:
             return Batch(batch)
-        raise TypeError(
-            f"{step}: cannot find inputs and targets in a batch of type "
-            f"{type(batch).__name__}. Give (inputs, targets), (inputs, targets, "
-            f"sample_weight), or a dict with keys {self._keys_text()} (choose the keys with "
-            f"create_state(..., inputs_key=..., targets_key=...))."
-        )
+        kind = type(batch).__name__
+        raise TypeError(_NO_INPUTS.format(step=step, kind=kind, keys=self._keys_text()))
 
     def _unpack_mapping(self, batch: Mapping[str, Any], *, step: str, targets: bool) -> Batch:
         input_keys = (self.inputs_key,) if isinstance(self.inputs_key, str) else self.inputs_key
@@ -205,9 +199,9 @@ class BatchFormat:
         missing = [key for key in wanted if key not in batch]
         if missing:
             raise KeyError(
-                f"{step}: the batch has keys {sorted(batch)} but not {missing}. Name the keys "
-                f"when creating the state: create_state(..., inputs_key=..., "
-                f"targets_key=...) (now {self._keys_text()})."
+                _MISSING_KEYS.format(
+                    step=step, keys=sorted(batch), missing=missing, now=self._keys_text()
+                )
             )
         if isinstance(self.inputs_key, str):
             inputs = batch[self.inputs_key]
@@ -229,11 +223,7 @@ class BatchFormat:
 
 def _per_example(values: jax.Array, kind: str, name: str) -> jax.Array:
     if values.ndim == 0:
-        raise ValueError(
-            f"{kind} {name!r} returned a scalar, so the batch's sample weights cannot be "
-            f"applied to it. Return one value per example (shape (batch,)), e.g. "
-            f"optax.softmax_cross_entropy_with_integer_labels(logits, labels) without .mean()."
-        )
+        raise ValueError(_SCALAR_WITH_WEIGHTS.format(kind=kind, name=name))
     dtype = jnp.promote_types(values.dtype, jnp.float32)
     if not jnp.issubdtype(values.dtype, jnp.floating):
         dtype = jnp.dtype(jnp.float32)
@@ -248,9 +238,7 @@ def _checked_weights(sample_weight: Any, values: jax.Array, kind: str, name: str
     weights = jnp.asarray(sample_weight)
     if weights.shape != values.shape:
         raise ValueError(
-            f"{kind} {name!r}: sample_weight has shape {weights.shape}, but the {kind} has "
-            f"{values.shape[0]} per-example values; give one weight per example, shape "
-            f"({values.shape[0]},)."
+            _WEIGHTS_SHAPE.format(kind=kind, name=name, shape=weights.shape, n=values.shape[0])
         )
     return weights.astype(values.dtype)
 
@@ -286,60 +274,15 @@ def reduce_values(values: Any, sample_weight: Any = None, *, kind: str, name: st
 # --- static, hashable configuration --------------------------------------------------------
 
 
-class Static:
-    """Holds a value for a static field of a state: hashed once (a jitted step hashes its
-    static fields at every call), compared by identity first, then by value.
-
-    A value that is not hashable (a Flax module with list attributes...) is compared by
-    identity only.
-
-    Example:
-        >>> import ciclo
-        >>> ciclo.adapters.Static([1, 2]) == ciclo.adapters.Static([1, 2])  # unhashable
-        False
-        >>> ciclo.adapters.Static((1, 2)) == ciclo.adapters.Static((1, 2))
-        True
-    """
-
-    __slots__ = ("_hash", "hashable", "value")
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-        try:
-            self._hash = hash(value)
-            self.hashable = True
-        except TypeError:
-            self._hash = id(value)
-            self.hashable = False
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Static):
-            return NotImplemented
-        if self.value is other.value:
-            return True
-        return (
-            self.hashable
-            and other.hashable
-            and self._hash == other._hash
-            and bool(self.value == other.value)
-        )
-
-    def __repr__(self) -> str:
-        return f"Static({self.value!r})"
-
-
 class _NamedFunctions(Mapping[str, Any]):
-    """An immutable, hashable ``{name: function}`` (a static field of a jitted state), with
-    the extra arguments each function asks for by name (``params``, ``state``), read once."""
+    """An immutable, hashable ``{name: function}`` (a static field of a state: hashed with
+    the state's other static fields, once, in its ``Static`` node data), with the extra
+    arguments each function asks for by name (``params``, ``state``), read once."""
 
-    __slots__ = ("_hash", "_items", "extras")
+    __slots__ = ("_items", "extras")
 
     def __init__(self, items: Mapping[str, Any]) -> None:
         self._items = dict(items)
-        self._hash = hash(tuple(self._items.items()))
         self.extras = {
             name: () if is_stateful_metric(fn) else requested_extras(fn)
             for name, fn in self._items.items()
@@ -355,25 +298,31 @@ class _NamedFunctions(Mapping[str, Any]):
         return len(self._items)
 
     def __hash__(self) -> int:
-        return self._hash
+        return hash(tuple(self._items.items()))
 
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
         if isinstance(other, _NamedFunctions):
-            return self._hash == other._hash and self._items == other._items
+            return self._items == other._items
         return NotImplemented
 
     def __repr__(self) -> str:
         return repr(self._items)
 
 
+_EXAMPLES = {
+    "losses": "losses={'loss': optax.softmax_cross_entropy_with_integer_labels}",
+    "metrics": "metrics={'accuracy': lambda logits, labels: logits.argmax(-1) == labels}",
+}
+_FUNCTION_KINDS = {
+    False: "fn(preds, targets)",
+    True: "fn(preds, targets) or a ciclo.adapters.StatefulMetric",
+}
+
+
 def _named_functions(value: Any, what: str, *, stateful: bool) -> _NamedFunctions:
-    example = (
-        "losses={'loss': optax.softmax_cross_entropy_with_integer_labels}"
-        if what == "losses"
-        else "metrics={'accuracy': lambda logits, labels: logits.argmax(-1) == labels}"
-    )
+    example = _EXAMPLES[what]
     if value is None:
         return _NamedFunctions({})
     if not isinstance(value, Mapping):
@@ -388,11 +337,7 @@ def _named_functions(value: Any, what: str, *, stateful: bool) -> _NamedFunction
         if stateful and is_stateful_metric(fn):
             continue
         if not callable(fn):
-            kinds = (
-                "fn(preds, targets) or a ciclo.adapters.StatefulMetric"
-                if stateful
-                else ("fn(preds, targets)")
-            )
+            kinds = _FUNCTION_KINDS[stateful]
             raise TypeError(f"{what}[{name!r}] must be {kinds}, got {fn!r}. Example: {example}.")
     return _NamedFunctions(value)
 
@@ -461,6 +406,42 @@ def check_options(
     name = getattr(factory, "__name__", "create_state")
     where = f"{package}.{name}()" if package.startswith("ciclo_") else f"{name}()"
     raise unknown_name_error(where, "keyword", unknown[0], sorted(allowed), extra_hint=False)
+
+
+# --- messages -----------------------------------------------------------------------------
+_BAD_TUPLE = (
+    "{step}: a batch tuple must be (inputs, targets) or (inputs, targets, sample_weight), got "
+    "a {kind} of {items} items. To give the model several inputs, nest them: ((x1, x2), "
+    "targets)."
+)
+_NO_INPUTS = (
+    "{step}: cannot find inputs and targets in a batch of type {kind}. Give (inputs, "
+    "targets), (inputs, targets, sample_weight), or a dict with keys {keys} (choose the keys "
+    "with create_state(..., inputs_key=..., targets_key=...))."
+)
+_MISSING_KEYS = (
+    "{step}: the batch has keys {keys} but not {missing}. Name the keys when creating the "
+    "state: create_state(..., inputs_key=..., targets_key=...) (now {now})."
+)
+_SCALAR_WITH_WEIGHTS = (
+    "{kind} {name!r} returned a scalar, so the batch's sample weights cannot be applied to "
+    "it. Return one value per example (shape (batch,)), e.g. "
+    "optax.softmax_cross_entropy_with_integer_labels(logits, labels) without .mean()."
+)
+_WEIGHTS_SHAPE = (
+    "{kind} {name!r}: sample_weight has shape {shape}, but the {kind} has {n} per-example "
+    "values; give one weight per example, shape ({n},)."
+)
+_RECORDED_CLASH = (
+    "{cls}: the model recorded {collection} {name!r} (e.g. with self.sow), but the state's "
+    "{own} already has {name!r}, whose value it would replace. Rename the recorded value or "
+    "the state's {own} entry."
+)
+_NO_LOSSES = (
+    "{cls}.{step} needs losses to differentiate; create the state with "
+    "losses={{'loss': fn(preds, targets)}}, e.g. "
+    "losses={{'loss': optax.softmax_cross_entropy_with_integer_labels}}."
+)
 
 
 # --- a loss or metric that fails ----------------------------------------------------------
@@ -733,10 +714,12 @@ class AdapterState(ManagedState):
             for name in entries:
                 if name in own:
                     raise ValueError(
-                        f"{type(self).__name__}: the model recorded {collection} {name!r} "
-                        f"(e.g. with self.sow), but the state's {own[name]} already has "
-                        f"{name!r}, whose value it would replace. Rename the recorded value "
-                        f"or the state's {own[name]} entry."
+                        _RECORDED_CLASH.format(
+                            cls=type(self).__name__,
+                            collection=collection,
+                            name=name,
+                            own=own[name],
+                        )
                     )
         return recorded
 
@@ -761,11 +744,7 @@ class AdapterState(ManagedState):
 
     def _require_losses(self, step_name: str) -> None:
         if not self.losses:
-            raise ValueError(
-                f"{type(self).__name__}.{step_name} needs losses to differentiate; create the "
-                f"state with losses={{'loss': fn(preds, targets)}}, e.g. "
-                f"losses={{'loss': optax.softmax_cross_entropy_with_integer_labels}}."
-            )
+            raise ValueError(_NO_LOSSES.format(cls=type(self).__name__, step=step_name))
 
     @train_step
     def train_step(self: S, batch: Any) -> tuple[Logs, S]:

@@ -15,9 +15,9 @@ from ._sharding import partition_specs as partition_specs
 from ._sharding import register_partition_metadata as register_partition_metadata
 from ._sharding import sharded as sharded
 from ._state import ManagedState as ManagedState
-from ._state import ManagedStep as ManagedStep
-from ._state import step as step
-from ._state import train_step as train_step
+from ._step import ManagedStep as ManagedStep
+from ._step import step as step
+from ._step import train_step as train_step
 from ._strategies import Strategy as Strategy
 from ._strategies import data_parallel as data_parallel
 from ._strategies import eager as eager

@@ -29,11 +29,7 @@ def as_ema_decay(value: Any) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
-        raise ValueError(
-            f"ema={value!r}: give the decay of the moving average of the parameters, a "
-            f"number in [0, 1) such as 0.999 (each update keeps that fraction of the "
-            f"average), or None for no average."
-        )
+        raise ValueError(_NOT_A_DECAY.format(value=value))
     return float(value)
 
 
@@ -88,3 +84,10 @@ def update_ema(state: Any) -> Any:
         )
 
     return state.replace(ema_params=jax.tree.map(move, state.ema_params, state.params))
+
+
+_NOT_A_DECAY = (
+    "ema={value!r}: give the decay of the moving average of the parameters, a number in "
+    "[0, 1) such as 0.999 (each update keeps that fraction of the average), or None for no "
+    "average."
+)

@@ -338,9 +338,14 @@ def _leaf_spec(
             entries = fitted
         elif not lenient:
             raise ValueError(
-                f"{strategy}: {source} gives {name} (shape {shape}) the spec {spec}, which "
-                f"{problem}. Change the rule or the mesh so that every split dimension "
-                f"divides by the number of devices it is split over."
+                _SPEC_DOES_NOT_FIT.format(
+                    strategy=strategy,
+                    source=source,
+                    name=name,
+                    shape=shape,
+                    spec=spec,
+                    problem=problem,
+                )
             )
     if fsdp_axis is not None:
         entries = _add_fsdp(entries, shape, fsdp_axis, fsdp_size)
@@ -504,3 +509,10 @@ def _sharded(
 
 register_built_in("sharded", sharded)
 register_built_in("fsdp", fsdp)
+
+
+_SPEC_DOES_NOT_FIT = (
+    "{strategy}: {source} gives {name} (shape {shape}) the spec {spec}, which {problem}. "
+    "Change the rule or the mesh so that every split dimension divides by the number of "
+    "devices it is split over."
+)

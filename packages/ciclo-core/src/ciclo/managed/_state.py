@@ -1,14 +1,12 @@
-"""The managed API: a state that knows its optimizer and strategy, and steps that use them."""
+"""``ManagedState``: a training state that knows its optimizer and strategy (the steps that
+use it are in ``_step.py``)."""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
-import inspect
 import operator
 import zlib
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, TypeVar, cast
 
 import jax
@@ -16,23 +14,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax  # type: ignore[import-untyped]
 
-from .._loop._returns import NO_CHANGE, parse_return
-from .._loop._state import LoopState
-from .._records._aggregate import merge_micro_logs
-from .._records._logs import Logs
 from ._ema import ema_fields, update_ema
-from ._precision import (
-    LossScale,
-    apply_scaled_gradients,
-    cast_floating,
-    precision_fields,
-    run_in_compute_dtype,
-    scale_loss,
-    unscale_gradients,
+from ._fields import (
+    close_match,
+    create_options,
+    declare_fields,
+    field_names,
+    unknown_name_error,
 )
-from ._strategies import Strategy, get_strategy, identity
+from ._precision import LossScale, cast_floating, precision_fields
+from ._static import Static, keep_static, shared
+from ._strategies import Strategy, get_strategy
 
-__all__ = ["ManagedState", "ManagedStep", "train_step", "step"]
+__all__ = ["ManagedState"]
 
 S = TypeVar("S", bound="ManagedState")
 
@@ -94,7 +88,8 @@ class ManagedState:
     def __post_init__(self) -> None:
         cls = type(self)
         if cls not in _REGISTERED:
-            _register(cls)
+            register_state(cls)
+            _REGISTERED.add(cls)
 
     @classmethod
     def create(
@@ -154,12 +149,12 @@ class ManagedState:
                     fix=", ".join(f"{n}=..." for n in set_by_create),
                 )
             )
-        _declare_fields(cls)
+        declare_fields(cls, ManagedState)
         own = {f.name for f in dataclasses.fields(cls)}
         extra = dict(fields.pop("extra", None) or {})
         known = {k: v for k, v in fields.items() if k in own}
         unknown = [k for k in fields if k not in own]
-        candidates = sorted(own | _create_options(cls))
+        candidates = sorted(own | create_options(cls))
         for name in unknown:
             # A name a subclass's create() takes and passes on (apply_fn=) is no typo.
             others = [c for c in candidates if c != name]
@@ -168,7 +163,7 @@ class ManagedState:
                 hint = cls.keyword_extras
                 raise unknown_name_error(where, "keyword", name, candidates, extra_hint=hint)
             extra[name] = fields[name]
-        extra = {name: _keep_static(value) for name, value in extra.items()}
+        extra = {name: keep_static(value) for name, value in extra.items()}
         state = cls(
             step=jnp.zeros((), jnp.int32),
             params=params,
@@ -188,13 +183,12 @@ class ManagedState:
         extra = self.__dict__.get("extra", {})
         if name in extra:
             value = extra[name]
-            return value.value if type(value) is StaticFunction else value
+            return value.value if type(value) is Static else value
         names = [f.name for f in dataclasses.fields(self)] + list(extra)
         match = close_match(name, names)
+        hint = f"; did you mean {match!r}?" if match else ""
         raise AttributeError(
-            f"{type(self).__name__} has no field {name!r}"
-            + (f"; did you mean {match!r}?" if match else "")
-            + f" Extra fields: {sorted(extra)}."
+            _NO_FIELD.format(cls=type(self).__name__, name=name, hint=hint, extra=sorted(extra))
         )
 
     def replace(self: S, **changes: Any) -> S:
@@ -204,7 +198,7 @@ class ManagedState:
             TypeError: for a name that is neither a field nor a declared extra field
                 (``replace(parmas=...)``: "did you mean 'params'?").
         """
-        own = _FIELD_NAMES.get(type(self)) or _field_names(type(self))
+        own = field_names(type(self))
         extra_changes = {k: v for k, v in changes.items() if k not in own}
         if extra_changes:
             extra = self.extra
@@ -220,7 +214,7 @@ class ManagedState:
             changes = {k: v for k, v in changes.items() if k in own}
             changes["extra"] = {
                 **extra,
-                **{name: _keep_static(value) for name, value in extra_changes.items()},
+                **{name: keep_static(value) for name, value in extra_changes.items()},
             }
         return dataclasses.replace(self, **changes)
 
@@ -293,667 +287,6 @@ class ManagedState:
         return cast(S, new.strategy.place_state(new))
 
 
-def close_match(name: str, candidates: Iterable[str]) -> str | None:
-    """The candidate closest to ``name`` (a likely typo of it), or ``None``.
-
-    Example:
-        >>> close_match("parmas", ["params", "step", "tx"])
-        'params'
-    """
-    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
-    return matches[0] if matches else None
-
-
-def unknown_name_error(
-    where: str, kind: str, name: str, candidates: Sequence[str], *, extra_hint: bool | None
-) -> TypeError:
-    """The error for an unknown keyword or field ``name`` given to ``where``, naming the
-    close match among ``candidates`` if there is one.
-
-    ``extra_hint``: ``True`` adds how to declare an extra field of that name on purpose
-    (``extra=``), ``None`` how to declare one at all, ``False`` lists the accepted names.
-
-    Example:
-        >>> print(unknown_name_error("f()", "keyword", "stratgey", ["strategy"], extra_hint=False))
-        f() got an unknown keyword 'stratgey'; did you mean 'strategy'? It takes: ['strategy'].
-    """
-    match = close_match(name, candidates)
-    message = f"{where} got an unknown {kind} {name!r}" + (
-        f"; did you mean {match!r}?" if match else "."
-    )
-    if extra_hint is True:
-        message += (
-            f" To add an extra field of that name on purpose, pass extra={{{name!r}: ...}} "
-            f"(or declare it in a subclass)."
-        )
-    elif extra_hint is None:
-        message += (
-            f" Fields are declared, not added by replace(): declare {name!r} as a field of a "
-            f"subclass, or at create(..., extra={{{name!r}: ...}})."
-        )
-    else:
-        message += f" It takes: {sorted(candidates)}."
-    return TypeError(message)
-
-
-_FIELD_NAMES: dict[type, frozenset[str]] = {}
-_CREATE_OPTIONS: dict[type, frozenset[str]] = {}
-
-
-def _field_names(cls: type) -> frozenset[str]:
-    names = _FIELD_NAMES[cls] = frozenset(f.name for f in dataclasses.fields(cls))
-    return names
-
-
-def _create_options(cls: type) -> frozenset[str]:
-    """The named keywords of ``cls.create`` (every class up the MRO), for close matches."""
-    options = _CREATE_OPTIONS.get(cls)
-    if options is None:
-        names: set[str] = set()
-        for klass in cls.__mro__:
-            create = klass.__dict__.get("create")
-            if isinstance(create, classmethod):
-                parameters = inspect.signature(create.__func__).parameters.values()
-                names |= {p.name for p in parameters if p.kind is p.KEYWORD_ONLY}
-        options = _CREATE_OPTIONS[cls] = frozenset(names)
-    return options
-
-
-class StaticFunction:
-    """A function held in a state's extra fields (``apply_fn=module.apply``): static
-    pytree data with no leaves, compared by identity, so it is never moved to a device nor
-    traced. Attribute access on the state returns the function itself."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Callable[..., Any]) -> None:
-        self.value = value
-
-    def __hash__(self) -> int:
-        return id(self.value)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, StaticFunction) and other.value is self.value
-
-    def __repr__(self) -> str:
-        return f"StaticFunction({self.value!r})"
-
-
-jax.tree_util.register_pytree_node(
-    StaticFunction, lambda static: ((), static), lambda static, _: static
-)
-
-
-def _keep_static(value: Any) -> Any:
-    """``value`` as a :class:`StaticFunction` when it is a function, a method or a
-    ``functools.partial`` (callable pytrees such as Equinox modules stay data)."""
-    if inspect.isfunction(value) or inspect.ismethod(value) or inspect.isbuiltin(value):
-        return StaticFunction(value)
-    if isinstance(value, functools.partial):
-        return StaticFunction(value)
-    return value
-
-
-class _Meta:
-    """The static fields of a state, as its pytree node data: hashed once. A jitted step
-    hashes and compares the node data of its arguments at every call; a state carries its
-    ``_Meta`` through flatten/unflatten, so a step's state compares by identity."""
-
-    __slots__ = ("_hash", "fields", "values")
-
-    def __init__(self, names: tuple[str, ...], values: tuple[Any, ...]) -> None:
-        self.values = values
-        self._hash = hash(values)
-        #: The static part of an unflattened state's ``__dict__``.
-        self.fields = {**dict(zip(names, values, strict=True)), "__ciclo_meta__": self}
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if not isinstance(other, _Meta):
-            return NotImplemented
-        return self._hash == other._hash and self.values == other.values
-
-    def __repr__(self) -> str:
-        return repr(self.values)
-
-
-def _declare_fields(cls: type) -> None:
-    """Makes the annotated fields of undecorated subclasses fields (as in the original
-    ciclo, whose states were flax ``struct`` dataclasses): each class up the MRO that
-    annotates fields without being a dataclass itself becomes a
-    ``dataclass(frozen=True, kw_only=True)``, so ``create`` checks them like the built-in
-    ones."""
-    if cls in _DECLARED:
-        return
-    for klass in reversed(cls.__mro__):
-        if (
-            issubclass(klass, ManagedState)
-            and inspect.get_annotations(klass)
-            and "__dataclass_fields__" not in klass.__dict__
-        ):
-            dataclasses.dataclass(frozen=True, kw_only=True)(klass)
-    _DECLARED.add(cls)
-
-
-_DECLARED: set[type] = set()
-
-
-def _is_static(field: dataclasses.Field[Any]) -> bool:
-    """A static field: ``metadata={"static": True}``, or flax's
-    ``struct.field(pytree_node=False)``."""
-    return bool(field.metadata.get("static", False)) or field.metadata.get("pytree_node") is False
-
-
-def _register(cls: type) -> None:
-    """Registers ``cls`` as a pytree: data fields are children, static fields the node data.
-
-    Unflattening (a compiled step's output state) fills the instance's ``__dict__``
-    directly, without ``__init__``: the fields were checked when the state was built, and
-    a frozen dataclass's ``__init__`` costs microseconds per step.
-    """
-    fields = dataclasses.fields(cls)
-    meta = tuple(f.name for f in fields if _is_static(f))
-    data = tuple(f.name for f in fields if not _is_static(f))
-    keys = tuple(jax.tree_util.GetAttrKey(name) for name in data)
-    new, set_attribute = object.__new__, object.__setattr__
-
-    def node_data(state: Any) -> _Meta:
-        values = state.__dict__
-        cached: _Meta | None = values.get("__ciclo_meta__")
-        if cached is None:
-            cached = values["__ciclo_meta__"] = _Meta(meta, tuple(values[n] for n in meta))
-        return cached
-
-    children = operator.itemgetter(*data)  # one C call (data has at least 5 fields)
-
-    def flatten(state: Any) -> tuple[tuple[Any, ...], _Meta]:
-        values = state.__dict__
-        return children(values), values.get("__ciclo_meta__") or node_data(state)
-
-    def flatten_with_keys(state: Any) -> tuple[list[tuple[Any, Any]], _Meta]:
-        values = state.__dict__
-        return [(k, values[n]) for k, n in zip(keys, data, strict=True)], node_data(state)
-
-    def unflatten(aux: _Meta, children: Iterable[Any]) -> Any:
-        state: Any = new(cls)
-        values = aux.fields.copy()
-        values.update(zip(data, children, strict=True))
-        set_attribute(state, "__dict__", values)
-        return state
-
-    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
-    _REGISTERED.add(cls)
-
-
-StepFunction = Callable[..., tuple[Any, Any]]
-
-
-def _step_arity(fn: StepFunction) -> int:
-    """How many of ``(state, batch, broadcasts, statics)`` a step function takes."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 2
-    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
-        return 4
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return max(2, min(len(positional), 4))
-
-
-class ManagedStep:
-    """A step that runs under its state's strategy; made by :func:`train_step` or :func:`step`.
-
-    Call it as ``logs, state = my_step(state, batch)``, as a method
-    (``state.train_step(batch)``) when defined in a :class:`ManagedState` subclass, or put it
-    in a loop's tasks: as a loop callback it always runs on the loop's current state.
-
-    Under a strategy with ``steps_per_call=K``, a loop runs up to K consecutive batches in
-    one compiled call (see :func:`ciclo.loop` for how it groups them); :meth:`many` does the
-    same for your own loops. Under ``accumulate_steps=N`` a train step splits each batch
-    into N micro-batches and makes one optimizer update from their averaged gradients.
-
-    Broadcasts and statics: a step function may take two more positional arguments,
-    ``fn(state, batch, broadcasts, statics)``. ``broadcasts`` is a pytree of arrays that
-    every device gets whole (a teacher's parameters, a lookup table, a loss weight);
-    ``statics`` is a hashable value fixed at compile time (a mode string, a tuple of
-    flags): Python may branch on it, and each distinct value compiles the step once (an
-    equal value reuses the compiled step). Pass them in a call,
-    ``my_step(state, batch, broadcasts, statics)``, or bind them for a loop with
-    :meth:`bind`; both default to ``None``.
-    """
-
-    __name__: str
-    __qualname__: str
-
-    def __init__(
-        self,
-        fn: StepFunction,
-        *,
-        differentiate: bool,
-        broadcasts: Any = None,
-        statics: Hashable = None,
-        compiled: dict[tuple[Strategy, bool, Hashable], StepFunction] | None = None,
-    ) -> None:
-        functools.update_wrapper(self, fn)
-        self.fn = fn
-        self.differentiate = differentiate
-        self.arity = _step_arity(fn)
-        self.broadcasts = broadcasts
-        self.statics = statics
-        # Shared by the steps bind() makes: one compilation per strategy and statics.
-        self._compiled = {} if compiled is None else compiled
-        # This step's own calls without arguments, by strategy (see __call__).
-        self._calls: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
-        self._defined_in: type | None = None  # the class whose body holds it
-        self._inherited: dict[type, ManagedStep] = {}  # as read from subclasses (__get__)
-
-    def bind(self, broadcasts: Any = None, statics: Hashable = None) -> ManagedStep:
-        """The same step with ``broadcasts`` and ``statics`` fixed: what a loop runs.
-
-        The bound step shares this step's compiled versions; binding another ``statics``
-        value compiles once more, an equal one does not. Arguments given in a call still
-        take precedence.
-
-        Example:
-            >>> import ciclo, jax.numpy as jnp
-            >>> @ciclo.managed.step
-            ... def scaled(state, batch, broadcasts, statics):
-            ...     value = batch.sum() * broadcasts["scale"]
-            ...     return ciclo.logs().add_metric(statics, value), state
-            >>> state = ciclo.managed.ManagedState.create(params={}, tx=None)
-            >>> step = scaled.bind({"scale": jnp.array(2.0)}, statics="total")
-            >>> logs, state = step(state, jnp.ones(3))
-            >>> float(logs.metrics.total)
-            6.0
-        """
-        self._check_args(broadcasts, statics)
-        return ManagedStep(
-            self.fn,
-            differentiate=self.differentiate,
-            broadcasts=broadcasts,
-            statics=statics,
-            compiled=self._compiled,
-        )
-
-    def _check_args(self, broadcasts: Any, statics: Any) -> None:
-        given = [
-            name
-            for name, value, position in (("broadcasts", broadcasts, 3), ("statics", statics, 4))
-            if value is not None and self.arity < position
-        ]
-        if given:
-            raise TypeError(
-                f"managed step {self.__name__} was given {' and '.join(given)}, but it takes "
-                f"only {('state', 'batch', 'broadcasts')[: self.arity]}. Define it as "
-                f"def {self.__name__}(state, batch, broadcasts, statics): ..."
-            )
-        if statics is not None:
-            try:
-                hash(statics)
-            except TypeError:
-                raise TypeError(
-                    f"managed step {self.__name__}: statics must be hashable (it is static "
-                    f"under jit), got {type(statics).__name__} {statics!r}. Use a tuple, a "
-                    f"string, a number or a frozen dataclass; put arrays in broadcasts."
-                ) from None
-
-    def _args(self, broadcasts: Any, statics: Any) -> tuple[Any, Any]:
-        """The broadcasts and statics of a call: those given, else the bound ones."""
-        if broadcasts is None:
-            broadcasts = self.broadcasts
-        if statics is None:
-            statics = self.statics
-        self._check_args(broadcasts, statics)
-        return broadcasts, statics
-
-    def _run(self, state: Any, batch: Any, broadcasts: Any, statics: Any) -> tuple[Logs, Any]:
-        out = self.fn(state, batch, *(broadcasts, statics)[: self.arity - 2])
-        if type(out) is tuple and len(out) == 2 and type(out[0]) is Logs and out[1] is not None:
-            return out[0], out[1]  # the common (logs, state)
-        logs, new_state = parse_return(out, f"managed step {self.__name__}", "managed step")
-        return (Logs() if logs is None else logs), (state if new_state is NO_CHANGE else new_state)
-
-    def _gradients(
-        self, state: Any, batch: Any, broadcasts: Any, statics: Any, micro_steps: int
-    ) -> tuple[Any, Logs, Any]:
-        """Gradients of the total loss w.r.t. ``params``, the logs and the new state; with
-        ``micro_steps > 1`` the mean over that many micro-batches of ``batch``."""
-
-        def run(current: Any, batch: Any) -> tuple[Logs, Any]:
-            return self._run(current, batch, broadcasts, statics)
-
-        def objective(params: Any, current: Any, batch: Any) -> tuple[jax.Array, Any]:
-            # Under a compute_dtype, the cast of params is inside what is differentiated:
-            # the gradients are taken w.r.t. (and come back in the dtype of) params.
-            logs, new_state = run_in_compute_dtype(run, current.replace(params=params), batch)
-            loss = scale_loss(state, _total_loss(self, logs))
-            return loss, (logs, new_state.replace(params=state.params))
-
-        _check_real_params(self, state.params)
-        gradient = jax.grad(objective, has_aux=True)
-        if micro_steps == 1:
-            grads, (logs, new_state) = gradient(state.params, state, batch)
-            return unscale_gradients(state, grads), logs, new_state
-
-        micro_batches, rows = _split_batch(self, batch, micro_steps)
-
-        def accumulate(carry: Any, micro_batch: Any) -> tuple[Any, Logs]:
-            total, current = carry
-            grads, (logs, new_state) = gradient(state.params, current, micro_batch)
-            return (jax.tree.map(jnp.add, total, grads), new_state), logs
-
-        zeros = jax.tree.map(jnp.zeros_like, state.params)
-        (total, new_state), logs = jax.lax.scan(accumulate, (zeros, state), micro_batches)
-        grads = jax.tree.map(lambda g: g / micro_steps, total)
-        return unscale_gradients(state, grads), merge_micro_logs(logs, rows), new_state
-
-    def _body(self, strategy: Strategy, statics: Hashable) -> StepFunction:
-        """One step as ``strategy`` runs it, before compilation: ``(state, batch,
-        broadcasts) -> (logs, state)``, with ``statics`` fixed."""
-        if not self.differentiate:
-
-            def run(state: Any, batch: Any, broadcasts: Any) -> tuple[Logs, Any]:
-                logs, new_state = run_in_compute_dtype(
-                    lambda s, b: self._run(s, b, broadcasts, statics), state, batch
-                )
-                return strategy.reduce_logs(logs), new_state
-
-            return run
-
-        def train(state: Any, batch: Any, broadcasts: Any) -> tuple[Logs, Any]:
-            grads, logs, new_state = self._gradients(
-                state, batch, broadcasts, statics, strategy.accumulate_steps
-            )
-            grads = strategy.reduce_gradients(grads)
-            return strategy.reduce_logs(logs), apply_scaled_gradients(new_state, grads)
-
-        return train
-
-    def compiled_for(
-        self, strategy: Strategy, *, fused: bool = False, statics: Hashable = None
-    ) -> StepFunction:
-        """The step compiled for ``strategy`` and ``statics`` (cached), taking ``(state,
-        batch, broadcasts)``; ``fused=True``: the version that takes a tuple of batches and
-        returns stacked logs (see :meth:`many`)."""
-        key = (strategy, fused, statics)
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            body = self._body(strategy, statics)
-            compiled = self._compiled[key] = strategy.compile(_fuse(body) if fused else body)
-        return compiled
-
-    def __call__(
-        self, state: Any, batch: Any, broadcasts: Any = None, statics: Hashable = None
-    ) -> tuple[Logs, Any]:
-        if broadcasts is None and statics is None:
-            # The per-step path: one lookup of the call prepared for this strategy.
-            try:
-                run = self._calls.get(state.strategy)
-            except (AttributeError, TypeError):
-                run = None
-            if run is not None:
-                return run(state, batch)
-        strategy = self._strategy_of(state)
-        if broadcasts is None and statics is None:
-            run = self._calls[strategy] = self._prepared(strategy)
-            return run(state, batch)
-        broadcasts, statics = self._args(broadcasts, statics)
-        return self.compiled_for(strategy, statics=statics)(
-            state, strategy.place_batch(batch), strategy.place_broadcasts(broadcasts)
-        )
-
-    def _prepared(self, strategy: Strategy) -> Callable[[Any, Any], tuple[Logs, Any]]:
-        """``(state, batch) -> (logs, state)`` with the bound broadcasts and statics: the
-        compiled step, and only the placements that do something."""
-        compiled = self.compiled_for(strategy, statics=self.statics)
-        place_batch, place_broadcasts = strategy.place_batch, strategy.place_broadcasts
-        broadcasts = self.broadcasts
-        if broadcasts is not None:
-            return lambda state, batch: compiled(
-                state, place_batch(batch), place_broadcasts(broadcasts)
-            )
-        if place_batch is identity:
-            return lambda state, batch: compiled(state, batch, None)
-        return lambda state, batch: compiled(state, place_batch(batch), None)
-
-    def many(
-        self,
-        state: Any,
-        batches: Sequence[Any],
-        broadcasts: Any = None,
-        statics: Hashable = None,
-    ) -> tuple[Logs, Any]:
-        """Runs one step per batch in a single compiled call (``lax.scan``).
-
-        Args:
-            state: a :class:`ManagedState`.
-            batches: batches of identical shapes.
-            broadcasts, statics: as in a single call (the same for every batch).
-
-        Returns:
-            ``(logs, state)``: every log value stacked along a new first axis (one row per
-            batch), and the state after the last batch.
-
-        Example:
-            >>> import ciclo, jax.numpy as jnp, optax
-            >>> @ciclo.managed.step
-            ... def count(state, batch):
-            ...     return ciclo.logs().add_metric("sum", batch.sum()), state
-            >>> state = ciclo.managed.ManagedState.create(params={}, tx=None)
-            >>> logs, state = count.many(state, [jnp.ones(2), 2 * jnp.ones(2)])
-            >>> logs.metrics.sum.tolist()
-            [2.0, 4.0]
-        """
-        strategy = self._strategy_of(state)
-        broadcasts, statics = self._args(broadcasts, statics)
-        batches = tuple(batches)
-        if not batches:
-            raise ValueError(f"{self.__name__}.many(state, batches) needs at least one batch.")
-        first = _shapes(batches[0])
-        for i, batch in enumerate(batches[1:], 1):
-            if _shapes(batch) != first:
-                raise ValueError(
-                    f"{self.__name__}.many: batch {i} has shapes {_shapes(batch)[1]}, but "
-                    f"batch 0 has {first[1]}; fused steps need batches of the same shapes "
-                    f"(drop or pad the incomplete last batch)."
-                )
-        placed = tuple(strategy.place_batch(batch) for batch in batches)
-        return self.compiled_for(strategy, fused=True, statics=statics)(
-            state, placed, strategy.place_broadcasts(broadcasts)
-        )
-
-    def lower(
-        self, state: Any, batch: Any, broadcasts: Any = None, statics: Hashable = None
-    ) -> Any:
-        """The compiled call of one step on ``state`` and ``batch``, lowered and not run (a
-        ``jax.stages.Lowered``, as ``jax.jit(f).lower`` gives): ``.compile().cost_analysis()``
-        gives its FLOPs (see :func:`ciclo.callbacks.compiled_flops`).
-
-        Example:
-            >>> import ciclo, jax.numpy as jnp
-            >>> @ciclo.managed.step
-            ... def total(state, batch):
-            ...     return ciclo.logs().add_metric("total", batch.sum()), state
-            >>> state = ciclo.managed.ManagedState.create(params={}, tx=None)
-            >>> type(total.lower(state, jnp.ones(3))).__name__
-            'Lowered'
-        """
-        strategy = self._strategy_of(state)
-        broadcasts, statics = self._args(broadcasts, statics)
-        compiled = self.compiled_for(strategy, statics=statics)
-        lower = getattr(compiled, "lower", None) or jax.jit(compiled).lower  # eager: not jitted
-        return lower(state, strategy.place_batch(batch), strategy.place_broadcasts(broadcasts))
-
-    def __loop_lower__(self, loop_state: LoopState) -> Any:
-        return self.lower(loop_state.state, loop_state.batch)
-
-    def _strategy_of(self, state: Any) -> Strategy:
-        strategy = getattr(state, "strategy", None)
-        if not isinstance(strategy, Strategy):
-            raise TypeError(
-                f"managed step {self.__name__} needs a ciclo.managed.ManagedState (with a "
-                f"strategy), got {type(state).__name__}. Create one with "
-                f"ciclo.managed.ManagedState.create(params=..., tx=...)."
-            )
-        return strategy
-
-    def __loop_callback__(self, loop_state: LoopState) -> tuple[Logs, Any]:
-        return self(loop_state.state, loop_state.batch)
-
-    def __loop_steps_per_call__(self, loop_state: LoopState) -> int:
-        strategy = getattr(loop_state.state, "strategy", None)
-        return strategy.steps_per_call if isinstance(strategy, Strategy) else 1
-
-    def __loop_callback_many__(
-        self, loop_state: LoopState, batches: Sequence[Any]
-    ) -> tuple[Logs, Any]:
-        return self.many(loop_state.state, batches)
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        if self._defined_in is None:
-            self._defined_in = owner
-
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        if instance is None:
-            if owner is None or self._defined_in in (None, owner):
-                return self
-            return self._as_read_from(owner)
-        return _BoundStep(self, instance)
-
-    def _as_read_from(self, owner: type) -> ManagedStep:
-        """This step as ``owner.train_step`` for a subclass ``owner``: the same step
-        (sharing its compiled calls), named after ``owner`` in errors (``NNXState.train_step``,
-        not the base class's name)."""
-        step = self._inherited.get(owner)
-        if step is None:
-            step = ManagedStep(
-                self.fn,
-                differentiate=self.differentiate,
-                broadcasts=self.broadcasts,
-                statics=self.statics,
-                compiled=self._compiled,
-            )
-            step.__qualname__ = f"{owner.__qualname__}.{self.__name__}"
-            step._defined_in = owner
-            self._inherited[owner] = step
-        return step
-
-    def __repr__(self) -> str:
-        kind = "train_step" if self.differentiate else "step"
-        return f"<ciclo.managed.{kind} {self.__name__}>"
-
-
-class _BoundStep:
-    """``state.train_step``: callable with a batch; as a loop callback it uses the loop's
-    current state, not the one it was read from."""
-
-    __slots__ = ("instance", "step")
-
-    def __init__(self, step: ManagedStep, instance: Any) -> None:
-        self.step, self.instance = step, instance
-
-    @property
-    def __name__(self) -> str:  # type: ignore[override]
-        return self.step.__name__
-
-    def __getattr__(self, name: str) -> Any:
-        # Computed when asked (error messages), not at every `state.train_step`.
-        if name == "__qualname__":
-            return f"{type(self.instance).__name__}.{self.step.__name__}"
-        raise AttributeError(name)
-
-    def __call__(
-        self, batch: Any = None, broadcasts: Any = None, statics: Hashable = None
-    ) -> tuple[Logs, Any]:
-        if broadcasts is None and statics is None:  # the per-step path (see ManagedStep)
-            instance = self.instance
-            try:
-                run = self.step._calls.get(instance.strategy)
-            except (AttributeError, TypeError):
-                run = None
-            if run is not None:
-                return run(instance, batch)
-        return self.step(self.instance, batch, broadcasts, statics)
-
-    def many(
-        self, batches: Sequence[Any], broadcasts: Any = None, statics: Hashable = None
-    ) -> tuple[Logs, Any]:
-        """:meth:`ManagedStep.many` on this state."""
-        return self.step.many(self.instance, batches, broadcasts, statics)
-
-    def bind(self, broadcasts: Any = None, statics: Hashable = None) -> _BoundStep:
-        """:meth:`ManagedStep.bind`, still a method of this state (a loop callback that runs
-        on the loop's current state)."""
-        return _BoundStep(self.step.bind(broadcasts, statics), self.instance)
-
-    def __loop_callback__(self, loop_state: LoopState) -> tuple[Logs, Any]:
-        return self.step(loop_state.state, loop_state.batch)
-
-    def __loop_steps_per_call__(self, loop_state: LoopState) -> int:
-        return self.step.__loop_steps_per_call__(loop_state)
-
-    def __loop_callback_many__(
-        self, loop_state: LoopState, batches: Sequence[Any]
-    ) -> tuple[Logs, Any]:
-        return self.step.many(loop_state.state, batches)
-
-    def __loop_lower__(self, loop_state: LoopState) -> Any:
-        return self.step.lower(loop_state.state, loop_state.batch)
-
-
-def _shapes(batch: Any) -> tuple[Any, list[tuple[int, ...]]]:
-    leaves, treedef = jax.tree_util.tree_flatten(batch)
-    return treedef, [tuple(np.shape(leaf)) for leaf in leaves]
-
-
-def _fuse(body: StepFunction) -> StepFunction:
-    """``body(state, batch, broadcasts)`` as ``fused(state, batches, broadcasts)``: one
-    ``lax.scan`` over the stacked batches, returning the stacked logs and the last state."""
-
-    def fused(state: Any, batches: tuple[Any, ...], broadcasts: Any) -> tuple[Logs, Any]:
-        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *batches)
-
-        def scan_step(state: Any, batch: Any) -> tuple[Any, Logs]:
-            logs, state = body(state, batch, broadcasts)
-            return state, logs
-
-        state, logs = jax.lax.scan(scan_step, state, stacked)
-        return logs, state
-
-    return fused
-
-
-def _split_batch(step: ManagedStep, batch: Any, parts: int) -> tuple[Any, int]:
-    """``batch`` as ``parts`` micro-batches stacked on a new first axis, and their rows.
-
-    Micro-batch ``j`` takes rows ``j, j + parts, ...``: when each device's share of a
-    sharded batch divides by ``parts``, it splits locally, with no communication.
-    """
-    rows: set[int] = set()
-
-    def split(path: Any, leaf: Any) -> Any:
-        leaf = jnp.asarray(leaf)
-        if leaf.ndim == 0:
-            return jnp.broadcast_to(leaf, (parts,))
-        if leaf.shape[0] % parts:
-            raise ValueError(
-                f"managed train step {step.__name__}: accumulate_steps={parts} splits each "
-                f"batch into {parts} micro-batches, but batch leaf "
-                f"{jax.tree_util.keystr(path) or '(the batch)'} has {leaf.shape[0]} rows "
-                f"(per device under pmap), which is not a multiple of {parts}. Use a batch "
-                f"size divisible by {parts} (times the device count under pmap)."
-            )
-        rows.add(leaf.shape[0] // parts)
-        return jnp.moveaxis(leaf.reshape(leaf.shape[0] // parts, parts, *leaf.shape[1:]), 1, 0)
-
-    micro = jax.tree_util.tree_map_with_path(split, batch)
-    return micro, (rows.pop() if len(rows) == 1 else -1)
-
-
 def _is_random_key(key: Any) -> bool:
     """A typed JAX key (``jax.random.key``) or a raw one (``jax.random.PRNGKey``: uint32)."""
     dtype = getattr(key, "dtype", None)
@@ -964,95 +297,97 @@ def _is_random_key(key: Any) -> bool:
     return bool(dtype == np.uint32 and np.shape(key)[-1:] == (2,))
 
 
+_NO_FIELD = "{cls} has no field {name!r}{hint} Extra fields: {extra}."
+
 _SET_BY_CREATE = (
     "{cls}.create() does not take {names}: it sets step=0 and opt_state=tx.init(params) "
     "itself. To start from another step or optimizer state, create the state, then "
     "state.replace({fix}) (or restore a checkpoint with ciclo.restore)."
 )
 
-_INTEGER_PARAMS = (
-    "managed train step {name}: params hold integer leaves {leaves}, and gradients need "
-    "real-valued (float) params. Make them floats, e.g. jnp.asarray(w, jnp.float32), or keep "
-    "values that are not trained out of params: ManagedState.create(..., extra={{...}})."
+
+def _is_static(field: dataclasses.Field[Any]) -> bool:
+    """A static field: ``metadata={"static": True}``, or flax's
+    ``struct.field(pytree_node=False)``."""
+    return bool(field.metadata.get("static", False)) or field.metadata.get("pytree_node") is False
+
+
+#: The key of a state's :class:`Static` node data in its ``__dict__``.
+_NODE_DATA = "__ciclo_static__"
+
+_UNHASHABLE_STATIC = (
+    "{cls}: the static field {name!r} holds an unhashable {type} ({value!r}), and a compiled "
+    "step hashes static fields to find its compiled version. Make it hashable (a tuple, a "
+    "frozen dataclass), hold it in a ciclo.adapters.Static (compared by identity), or make "
+    "it a data field (arrays)."
 )
 
 
-def _check_real_params(step: ManagedStep, params: Any) -> None:
-    """Raises a ``TypeError`` naming the integer (or boolean) leaves of ``params``."""
-    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    integer = [
-        f"{jax.tree_util.keystr(path)} ({jnp.result_type(leaf).name})"
-        for path, leaf in leaves
-        if not jnp.issubdtype(jnp.result_type(leaf), jnp.inexact)
-    ]
-    if integer:
-        raise TypeError(_INTEGER_PARAMS.format(name=step.__name__, leaves=integer[:5]))
+def register_state(cls: type) -> None:
+    """Registers the state class ``cls`` as a pytree: data fields are its children, its
+    static fields one :class:`Static` (hashed once per state, and shared by states with
+    equal static fields: a compiled step's output state carries the one it was compiled
+    for, so the step finds its compiled version by identity, with no Python call).
 
-
-def _total_loss(step: ManagedStep, logs: Logs) -> jax.Array:
-    losses = logs.get("losses")
-    if not losses:
-        raise ValueError(
-            f"managed train step {step.__name__} logged no loss, so there is nothing to "
-            f"differentiate. Add one: logs.add_loss('loss', loss) (a scalar); a flat dict "
-            f"{{name: value}} returned as logs is read as metrics, not losses."
-        )
-    total = jnp.zeros((), jnp.float32)
-    for name, value in losses.items():
-        value = jnp.asarray(value)
-        if value.shape != ():
-            raise ValueError(
-                f"managed train step {step.__name__}: loss {name!r} has shape {value.shape}, "
-                f"but a loss must be a scalar. Reduce it first, e.g. "
-                f"logs.add_loss({name!r}, per_example_loss.mean())."
-            )
-        total = total + value
-    return total
-
-
-def train_step(fn: StepFunction) -> ManagedStep:
-    """Decorates ``fn(state, batch) -> (logs, state)``: ciclo differentiates the sum of
-    ``logs.losses`` w.r.t. ``state.params``, applies the optimizer (other changes ``fn``
-    makes to the state are kept) and runs it under ``state.strategy``.
-
-    Example:
-        >>> import ciclo, jax.numpy as jnp, optax
-        >>> @ciclo.managed.train_step
-        ... def train_step(state, batch):
-        ...     x, y = batch
-        ...     loss = jnp.mean((x @ state.params["w"] - y) ** 2)
-        ...     return ciclo.logs().add_loss("loss", loss), state
-        >>> state = ciclo.managed.ManagedState.create(params={"w": jnp.zeros(2)}, tx=optax.sgd(0.1))
-        >>> logs, state = train_step(state, (jnp.ones((4, 2)), jnp.ones(4)))
-        >>> int(state.step)
-        1
+    Unflattening (a compiled step's output state) fills the instance's ``__dict__``
+    directly, without ``__init__``: the fields were checked when the state was built, and
+    a frozen dataclass's ``__init__`` costs microseconds per step (as would
+    ``jax.tree_util.register_dataclass``, which calls it).
     """
-    _check_step_function(fn, "train_step")
-    return ManagedStep(fn, differentiate=True)
+    fields = dataclasses.fields(cls)
+    meta = tuple(f.name for f in fields if _is_static(f))
+    data = tuple(f.name for f in fields if not _is_static(f))
+    keys = tuple(jax.tree_util.GetAttrKey(name) for name in data)
+    new, set_attribute = object.__new__, object.__setattr__
+    # The static part of an unflattened state's __dict__, by the id of its node data (a
+    # loop's steps unflatten with the same one); the entry holds the node data, so that id
+    # is not reused while it is cached, and no Python __hash__ runs per step.
+    static_parts: dict[int, tuple[Static, dict[str, Any]]] = {}
+
+    def node_data(state: Any) -> Static:
+        values = state.__dict__
+        static: Static | None = values.get(_NODE_DATA)
+        if static is None:
+            static = Static(tuple(values[n] for n in meta))
+            if not static.hashable:
+                _raise_unhashable(cls, meta, static.value)
+            static = values[_NODE_DATA] = shared(static)
+        return static
+
+    children = operator.itemgetter(*data)  # one C call (data has at least 5 fields)
+
+    def flatten(state: Any) -> tuple[tuple[Any, ...], Static]:
+        values = state.__dict__
+        return children(values), values.get(_NODE_DATA) or node_data(state)
+
+    def flatten_with_keys(state: Any) -> tuple[list[tuple[Any, Any]], Static]:
+        values = state.__dict__
+        return [(k, values[n]) for k, n in zip(keys, data, strict=True)], node_data(state)
+
+    def unflatten(static: Static, children: Iterable[Any]) -> Any:
+        cached = static_parts.get(id(static))
+        if cached is None or cached[0] is not static:
+            if len(static_parts) >= 64:
+                static_parts.clear()
+            part = dict(zip(meta, static.value, strict=True))
+            part[_NODE_DATA] = static
+            cached = static_parts[id(static)] = (static, part)
+        state: Any = new(cls)
+        values = cached[1].copy()
+        values.update(zip(data, children, strict=True))
+        set_attribute(state, "__dict__", values)
+        return state
+
+    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
 
 
-def step(fn: StepFunction) -> ManagedStep:
-    """Decorates ``fn(state, batch) -> (logs, state)`` to run under ``state.strategy``
-    without gradients (evaluation, prediction, metric updates).
-
-    Example:
-        >>> import ciclo, jax.numpy as jnp, optax
-        >>> @ciclo.managed.step
-        ... def test_step(state, batch):
-        ...     return ciclo.logs().add_metric("mean", batch.mean()), state
-        >>> state = ciclo.managed.ManagedState.create(params={}, tx=None)
-        >>> logs, _ = test_step(state, jnp.ones(4))
-        >>> float(logs.metrics.mean)
-        1.0
-    """
-    _check_step_function(fn, "step")
-    return ManagedStep(fn, differentiate=False)
-
-
-def _check_step_function(fn: Any, decorator: str) -> None:
-    if not callable(fn):
-        raise TypeError(
-            f"ciclo.managed.{decorator}({fn!r}): expected the step function to decorate, got "
-            f"{type(fn).__name__}. Use it as a decorator: @ciclo.managed.{decorator} above "
-            f"def {decorator}(state, batch): ..."
-        )
+def _raise_unhashable(cls: type, names: tuple[str, ...], values: tuple[Any, ...]) -> None:
+    for name, value in zip(names, values, strict=True):
+        try:
+            hash(value)
+        except TypeError:
+            raise TypeError(
+                _UNHASHABLE_STATIC.format(
+                    cls=cls.__name__, name=name, type=type(value).__name__, value=value
+                )
+            ) from None

@@ -548,12 +548,7 @@ def register_strategy(
             f"ciclo.managed.Strategy, got {factory!r}."
         )
     if name in BUILT_IN and not replace:
-        raise ValueError(
-            f"register_strategy({name!r}, factory): {name!r} is a built-in strategy, and "
-            f"registering another factory under its name would change what "
-            f"strategy={name!r} means everywhere. Choose another name, or pass "
-            f"replace=True to replace it."
-        )
+        raise ValueError(_BUILT_IN_NAME.format(name=name))
     _REGISTRY[name] = factory
 
 
@@ -638,4 +633,11 @@ register_built_in("pmap", pmap)
 register_built_in("jit_donate", functools.partial(get_strategy, "jit", donate=True))
 register_built_in(
     "data_parallel_donate", functools.partial(get_strategy, "data_parallel", donate=True)
+)
+
+
+_BUILT_IN_NAME = (
+    "register_strategy({name!r}, factory): {name!r} is a built-in strategy, and registering "
+    "another factory under its name would change what strategy={name!r} means everywhere. "
+    "Choose another name, or pass replace=True to replace it."
 )
