@@ -1,0 +1,256 @@
+"""Where the outermost loop is, and since when: the one record of the loop's *phases* that
+the time ledger (``ciclo.goodput``) and the watchdog (``ciclo.watchdog``) read.
+
+The process has one record, :data:`PHASES`. It is off until a loop whose callbacks watch it
+(a ledger, a watchdog) *holds* it; only the outermost such loop does (an evaluation's inner
+loop finds it held). Then the engine marks two moments per step (a batch drawn:
+:meth:`Phases.step`; the step done: :meth:`Phases.data`), the callbacks that evaluate and
+checkpoint mark theirs (:func:`marked`), and each mark adds the seconds since the previous
+one to the phase that ended. So every second since the record started is in exactly one
+phase, and the time JAX spends compiling (its own ``jax.monitoring`` events, in the thread
+that runs the loop) is moved from the phase it happened in to ``compile``.
+
+A monitor thread reads :attr:`Phases.phase`, :attr:`Phases.since` and :attr:`Phases.number`
+without any lock: each is one attribute, written by the loop's thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import jax.monitoring
+
+__all__ = [
+    "CALLBACKS",
+    "CHECKPOINT",
+    "COMPILE",
+    "DATA",
+    "EVALUATION",
+    "FIRST_STEP",
+    "PHASE_NAMES",
+    "PHASES",
+    "Phases",
+    "STARTUP",
+    "STEP",
+    "marked",
+    "process_start_time",
+]
+
+STARTUP = "startup"  #: process start, up to the first step (the restore included)
+FIRST_STEP = "first_step"  #: the first step of the outermost loop (its compilation)
+STEP = "step"  #: the step's callbacks (the step function and what runs with it)
+DATA = "data"  #: waiting on the dataset's ``next``
+EVALUATION = "evaluation"  #: an evaluation (``inner_loop``, ``train_loop``'s test sets)
+CHECKPOINT = "checkpoint"  #: a checkpoint's blocking time
+CALLBACKS = "callbacks"  #: other host work: step-end hooks, between loops
+COMPILE = "compile"  #: JAX compiling (from its monitoring events), taken out of the above
+PHASE_NAMES = (STARTUP, FIRST_STEP, STEP, DATA, EVALUATION, CHECKPOINT, CALLBACKS, COMPILE)
+
+#: JAX's events whose durations are compilation: tracing, lowering, XLA's compile (or the
+#: persistent cache's read), in ``jax._src.dispatch``; they never nest.
+COMPILE_EVENTS = frozenset(
+    {
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+        "/jax/core/compile/backend_compile_duration",
+    }
+)
+
+
+def process_start_time() -> float:
+    """This process's start, as a ``time.time()`` date (from ``/proc`` on Linux; elsewhere
+    the import of ciclo's time package).
+
+    >>> 0 < time.time() - process_start_time() < 10 * 24 * 3600
+    True
+    """
+    try:
+        with open("/proc/self/stat") as stat:
+            ticks = int(stat.read().rpartition(")")[2].split()[19])
+        with open("/proc/stat") as kernel:
+            boot = next(int(line.split()[1]) for line in kernel if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return _IMPORTED
+
+
+_IMPORTED = time.time()
+
+
+class Phases:
+    """The record of the outermost loop's phases (see the module docstring).
+
+    Attributes:
+        phase: the phase the loop is in (one of :data:`PHASE_NAMES`).
+        since: when it entered it (``time.perf_counter()``).
+        number: the step of the latest batch drawn (``-1`` before the first).
+        seconds: the seconds spent in each phase so far, the current one up to ``since``.
+        held: whether a loop holds the record (it marks its phases).
+        first_step: ``(seconds, compile seconds, end)`` of the first step of the loop
+            that holds the record (or held it last), once it is over, else ``None``
+            (``end``: ``time.perf_counter()`` at its end).
+        peers: with several processes, each process's seconds in steps as of the latest
+            round of agreement (``None`` with one process).
+
+    Example:
+        >>> record = Phases()
+        >>> record.start()
+        >>> record.hold()
+        True
+        >>> record.step(0); record.data(); record.step(1); record.data()
+        >>> record.phase, record.number, record.first_step is not None
+        ('data', 1, True)
+        >>> record.release()
+        >>> record.phase
+        'callbacks'
+    """
+
+    __slots__ = (
+        "_compile_mark",
+        "_first_mark",
+        "_listening",
+        "_thread",
+        "first_step",
+        "held",
+        "number",
+        "origin",
+        "peers",
+        "phase",
+        "seconds",
+        "since",
+        "started",
+        "stepping",
+    )
+
+    def __init__(self) -> None:
+        self.phase = STARTUP
+        self.since = time.perf_counter()
+        self.origin = self.since  # perf_counter() at the process's start (set by start)
+        self.number = -1
+        self.seconds: dict[str, float] = dict.fromkeys(PHASE_NAMES, 0.0)
+        self.stepping = FIRST_STEP  # the phase a batch drawn enters
+        self.held = False
+        self.started = False
+        self.first_step: tuple[float, float, float] | None = None
+        self.peers: list[float] | None = None
+        self._compile_mark = self._first_mark = 0.0
+        self._listening = False
+        self._thread = threading.get_ident()
+
+    # --- starting, holding ---------------------------------------------------------------------
+    def start(self) -> None:
+        """Starts the accounting (once per process): every second since the process started
+        is counted, in ``startup`` until a loop holds the record; JAX's compile events are
+        listened to from now on."""
+        if self.started:
+            return
+        self.started = True
+        now = time.perf_counter()
+        self.origin = now - max(0.0, time.time() - process_start_time())
+        self.since, self.phase = self.origin, STARTUP
+        self._thread = threading.get_ident()
+        if not self._listening:
+            jax.monitoring.register_event_duration_secs_listener(self._compiled)
+            self._listening = True
+
+    def hold(self) -> bool:
+        """The outermost loop takes the record (``False`` when a loop holds it already):
+        its next batch is a first step."""
+        if self.held:
+            return False
+        self.start()
+        self.held = True
+        self.stepping = FIRST_STEP
+        self.first_step = None
+        self._thread = threading.get_ident()
+        return True
+
+    def release(self) -> None:
+        """The loop is over: what follows is other host work (``callbacks``)."""
+        self.enter(CALLBACKS)
+        self.held = False
+
+    # --- marking -------------------------------------------------------------------------------
+    def step(self, number: int) -> None:
+        """A batch was drawn: the step ``number`` begins (the engine, per step)."""
+        now = time.perf_counter()
+        self.seconds[self.phase] += now - self.since
+        self.phase, self.since, self.number = self.stepping, now, number
+        if self.stepping is FIRST_STEP:
+            self._compile_mark = self.seconds[COMPILE]
+            self._first_mark = self.seconds[FIRST_STEP]
+
+    def data(self) -> None:
+        """The step is done: the loop waits for the next batch (the engine, per step)."""
+        now = time.perf_counter()
+        phase = self.phase
+        self.seconds[phase] += now - self.since
+        self.phase, self.since = DATA, now
+        if phase is FIRST_STEP:
+            self._end_first_step()
+
+    def enter(self, phase: str) -> str:
+        """Enters ``phase`` now; returns the phase left (to enter it again after)."""
+        now = time.perf_counter()
+        left = self.phase
+        self.seconds[left] += now - self.since
+        self.phase, self.since = phase, now
+        if left is FIRST_STEP and phase is not FIRST_STEP:
+            self._end_first_step()
+        return left
+
+    def _end_first_step(self) -> None:
+        self.stepping = STEP
+        if self.first_step is None:
+            compiled = self.seconds[COMPILE] - self._compile_mark
+            wall = self.seconds[FIRST_STEP] - self._first_mark + compiled
+            self.first_step = (wall, compiled, self.since)
+
+    def totals(self) -> dict[str, float]:
+        """The seconds of each phase up to now (the current one included), and ``total``."""
+        while True:  # consistent when another thread reads it while the loop marks
+            since, phase = self.since, self.phase
+            seconds = dict(self.seconds)
+            now = time.perf_counter()
+            if since == self.since:
+                break
+        seconds[phase] += now - since
+        seconds["total"] = now - self.origin
+        return seconds
+
+    def _compiled(self, event: str, duration: float, **_: Any) -> None:
+        """JAX's listener: compilation in the loop's thread moves to ``compile``."""
+        if event in COMPILE_EVENTS and threading.get_ident() == self._thread:
+            self.seconds[self.phase] -= duration
+            self.seconds[COMPILE] += duration
+
+
+#: The process's one record of phases.
+PHASES = Phases()
+
+
+@contextlib.contextmanager
+def marked(phase: str) -> Iterator[None]:
+    """Marks ``phase`` for the duration of the block when a loop holds :data:`PHASES`, and
+    goes back to the phase before it (nothing happens otherwise, and nesting a phase in
+    itself keeps it).
+
+    Example:
+        >>> with marked(EVALUATION):
+        ...     pass
+    """
+    if not PHASES.held or PHASES.phase == phase:
+        yield
+        return
+    left = PHASES.enter(phase)
+    try:
+        yield
+    finally:
+        if PHASES.held:
+            PHASES.enter(left)
+
