@@ -70,16 +70,17 @@ def main(scenario: str, out: Path, options: dict, process: int | None, port: int
         time.sleep(options.get("evaluation_sleep", 0.0))
         return ciclo.loop(state, [np.ones(1)] * 2, {ciclo.every(1): lambda s, b: s})
 
-    tasks: dict = {ciclo.every(1): [train_step, pace]}
+    per_step = [train_step, pace]
+    tasks: dict = {ciclo.every(1): per_step}
     if "evaluate_every" in options:
         tasks[ciclo.every(options["evaluate_every"])] = ciclo.inner_loop("test", evaluate)
-    ledger = ciclo.goodput(interval=options.get("interval", 60.0))
+    ledger = ciclo.goodput(steps=options.get("ledger_steps", 1000))
     tasks.update(ledger)
     if "checkpoint_every" in options:
         tasks[ciclo.every(options["checkpoint_every"])] = ciclo.checkpoint(out / "ckpt", keep=2)
     if "watchdog" in options:
         tasks.update(ciclo.watchdog(**options["watchdog"]))
-        tasks[ciclo.every(1)].append(ciclo.writer_logger(FileWriter(out / "events.jsonl")))
+        per_step.append(ciclo.writer_logger(FileWriter(out / "events.jsonl")))
     resume = out / "ckpt" if "checkpoint_every" in options else None
     _, history, elapsed = ciclo.loop(
         jax.numpy.zeros(()),

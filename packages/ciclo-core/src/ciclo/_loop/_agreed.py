@@ -40,7 +40,7 @@ from typing import Any
 
 from .._processes._agreement import Agreement, preemption_reached, preemption_service_on
 from .._time._elapsed import Elapsed, elapse
-from .._time._phases import FIRST_STEP, PHASES, STEP
+from .._time._phases import FIRST_STEP, PHASES
 from ._state import LoopState
 
 __all__ = ["AgreedDecisions", "ROUND_SECONDS", "MAX_ROUND_STEPS"]
@@ -159,7 +159,7 @@ class AgreedDecisions:
         if self.agreement.process == 0:
             record["every"] = self._proposed_every(step, now)
         if PHASES.held:  # a ledger watches: each process's seconds in steps (stragglers)
-            record["step_seconds"] = PHASES.seconds[STEP] + PHASES.seconds[FIRST_STEP]
+            record["step_seconds"] = PHASES.stepped + PHASES.seconds[FIRST_STEP]
         return record
 
     def _proposed_every(self, step: int, now: float) -> int:

@@ -10,8 +10,8 @@ one to the phase that ended. So every second since the record started is in exac
 phase, and the time JAX spends compiling (its own ``jax.monitoring`` events, in the thread
 that runs the loop) is moved from the phase it happened in to ``compile``.
 
-A monitor thread reads :attr:`Phases.phase`, :attr:`Phases.since` and :attr:`Phases.number`
-without any lock: each is one attribute, written by the loop's thread.
+A monitor thread reads :meth:`Phases.current` and :attr:`Phases.number` without any lock:
+each attribute is written by the loop's thread alone.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import contextlib
 import os
 import threading
 import time
+from time import perf_counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -85,11 +86,13 @@ _IMPORTED = time.time()
 class Phases:
     """The record of the outermost loop's phases (see the module docstring).
 
+    The engine's two marks per step, ``step(number)`` (a batch was drawn) and ``data()``
+    (the step is done), are as cheap as they can be (a clock reading and two stores each):
+    a step's seconds are summed, and the seconds waiting for data are what no other phase
+    took. Other phases, rare, are marked with :meth:`enter`; a loop's first step is one.
+
     Attributes:
-        phase: the phase the loop is in (one of :data:`PHASE_NAMES`).
-        since: when it entered it (``time.perf_counter()``).
         number: the step of the latest batch drawn (``-1`` before the first).
-        seconds: the seconds spent in each phase so far, the current one up to ``since``.
         held: whether a loop holds the record (it marks its phases).
         first_step: ``(seconds, compile seconds, end)`` of the first step of the loop
             that holds the record (or held it last), once it is over, else ``None``
@@ -103,18 +106,20 @@ class Phases:
         >>> record.hold()
         True
         >>> record.step(0); record.data(); record.step(1); record.data()
-        >>> record.phase, record.number, record.first_step is not None
+        >>> record.current()[0], record.number, record.first_step is not None
         ('data', 1, True)
         >>> record.release()
-        >>> record.phase
+        >>> record.current()[0]
         'callbacks'
     """
 
     __slots__ = (
         "_compile_mark",
-        "_first_mark",
+        "_first_start",
         "_listening",
         "_thread",
+        "arrived",
+        "done",
         "first_step",
         "held",
         "number",
@@ -124,21 +129,23 @@ class Phases:
         "seconds",
         "since",
         "started",
-        "stepping",
+        "stepped",
     )
 
     def __init__(self) -> None:
-        self.phase = STARTUP
-        self.since = time.perf_counter()
-        self.origin = self.since  # perf_counter() at the process's start (set by start)
+        now = time.perf_counter()
+        self.origin = now  # perf_counter() at the process's start (set by start)
+        self.phase: str | None = STARTUP  # a phase other than step and data, or None
+        self.since = now  # when it began
+        self.arrived = self.done = now  # the step began / the wait for data began
+        self.stepped = 0.0  # the seconds of steps (the first steps apart)
         self.number = -1
         self.seconds: dict[str, float] = dict.fromkeys(PHASE_NAMES, 0.0)
-        self.stepping = FIRST_STEP  # the phase a batch drawn enters
         self.held = False
         self.started = False
         self.first_step: tuple[float, float, float] | None = None
         self.peers: list[float] | None = None
-        self._compile_mark = self._first_mark = 0.0
+        self._compile_mark = self._first_start = 0.0
         self._listening = False
         self._thread = threading.get_ident()
 
@@ -165,7 +172,6 @@ class Phases:
             return False
         self.start()
         self.held = True
-        self.stepping = FIRST_STEP
         self.first_step = None
         self._thread = threading.get_ident()
         return True
@@ -175,58 +181,89 @@ class Phases:
         self.enter(CALLBACKS)
         self.held = False
 
-    # --- marking -------------------------------------------------------------------------------
+    # --- the engine's marks ------------------------------------------------------------------
     def step(self, number: int) -> None:
         """A batch was drawn: the step ``number`` begins (the engine, per step)."""
-        now = time.perf_counter()
-        self.seconds[self.phase] += now - self.since
-        self.phase, self.since, self.number = self.stepping, now, number
-        if self.stepping is FIRST_STEP:
-            self._compile_mark = self.seconds[COMPILE]
-            self._first_mark = self.seconds[FIRST_STEP]
+        self.arrived = perf_counter()
+        self.number = number
+        if self.phase is not None:  # the loop's first batch (or after a phase of its own)
+            self._arrival_after_phase()
 
     def data(self) -> None:
         """The step is done: the loop waits for the next batch (the engine, per step)."""
-        now = time.perf_counter()
+        now = perf_counter()
+        if self.phase is None:
+            self.stepped += now - self.arrived
+            self.done = now
+        else:  # after the first step, or a phase of its own (work queued for the step's end)
+            self.enter(DATA)
+
+    def _arrival_after_phase(self) -> None:
+        if self.first_step is not None:
+            self.enter(STEP)
+            return
+        self.enter(FIRST_STEP)
+        self._first_start, self._compile_mark = self.since, self.seconds[COMPILE]
+
+    def _end_first_step(self, now: float) -> None:
+        if self.first_step is None:
+            compiled = self.seconds[COMPILE] - self._compile_mark
+            self.first_step = (now - self._first_start, compiled, now)
+
+    # --- other phases ------------------------------------------------------------------------
+    def current(self) -> tuple[str, float]:
+        """The phase the loop is in, and since when (``time.perf_counter()``)."""
         phase = self.phase
-        self.seconds[phase] += now - self.since
-        self.phase, self.since = DATA, now
-        if phase is FIRST_STEP:
-            self._end_first_step()
+        if phase is not None:
+            return phase, self.since
+        arrived, done = self.arrived, self.done
+        return (STEP, arrived) if arrived > done else (DATA, done)
 
     def enter(self, phase: str) -> str:
         """Enters ``phase`` now; returns the phase left (to enter it again after)."""
         now = time.perf_counter()
-        left = self.phase
-        self.seconds[left] += now - self.since
-        self.phase, self.since = phase, now
-        if left is FIRST_STEP and phase is not FIRST_STEP:
-            self._end_first_step()
+        left, since = self.current()
+        if left == STEP:
+            self.stepped += now - since
+        elif left != DATA:  # the wait for data is what no other phase took
+            self.seconds[left] += now - since
+        if left == FIRST_STEP and phase in (DATA, CALLBACKS):  # the first step is over
+            self._end_first_step(now)
+        if phase == STEP:
+            self.phase, self.arrived = None, now
+        elif phase == DATA:
+            self.phase, self.arrived, self.done = None, now, now
+        else:
+            self.phase, self.since = phase, now
         return left
 
-    def _end_first_step(self) -> None:
-        self.stepping = STEP
-        if self.first_step is None:
-            compiled = self.seconds[COMPILE] - self._compile_mark
-            wall = self.seconds[FIRST_STEP] - self._first_mark + compiled
-            self.first_step = (wall, compiled, self.since)
-
     def totals(self) -> dict[str, float]:
-        """The seconds of each phase up to now (the current one included), and ``total``."""
+        """The seconds of each phase up to now (the current one included; ``step`` counts
+        the first steps too), and ``total``."""
         while True:  # consistent when another thread reads it while the loop marks
-            since, phase = self.since, self.phase
+            marks = (self.phase, self.since, self.arrived, self.done, self.stepped)
             seconds = dict(self.seconds)
             now = time.perf_counter()
-            if since == self.since:
+            if marks == (self.phase, self.since, self.arrived, self.done, self.stepped):
                 break
-        seconds[phase] += now - since
-        seconds["total"] = now - self.origin
+        phase, since, arrived, done, stepped = marks
+        if phase is not None:
+            seconds[phase] += now - since
+        elif arrived > done:
+            stepped += now - arrived
+        seconds[STEP] = stepped
+        seconds["total"] = total = now - self.origin
+        seconds[DATA] = total - sum(v for k, v in seconds.items() if k not in (DATA, "total"))
         return seconds
 
     def _compiled(self, event: str, duration: float, **_: Any) -> None:
         """JAX's listener: compilation in the loop's thread moves to ``compile``."""
         if event in COMPILE_EVENTS and threading.get_ident() == self._thread:
-            self.seconds[self.phase] -= duration
+            phase, _since = self.current()
+            if phase == STEP:
+                self.stepped -= duration
+            elif phase != DATA:
+                self.seconds[phase] -= duration
             self.seconds[COMPILE] += duration
 
 
@@ -244,7 +281,7 @@ def marked(phase: str) -> Iterator[None]:
         >>> with marked(EVALUATION):
         ...     pass
     """
-    if not PHASES.held or PHASES.phase == phase:
+    if not PHASES.held or PHASES.current()[0] == phase:
         yield
         return
     left = PHASES.enter(phase)

@@ -7,6 +7,7 @@ carried (the buckets of the processes before this one), and what a resume redid 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -47,9 +48,10 @@ HEARTBEAT_FILE = ".ciclo-goodput.json"
 #: Seconds between two notes of the heartbeat file.
 HEARTBEAT_SECONDS = 0.1
 
-MSG_BAD_INTERVAL = (
-    "goodput(interval={interval!r}): expected seconds, a number > 0: how often the ledger "
-    "is written to the history (and so to the writers), e.g. goodput(interval=60)."
+MSG_BAD_STEPS = (
+    "goodput(steps={steps!r}): expected an int >= 1, the steps between two entries of the "
+    "ledger in the history (and so in the writers), e.g. goodput(steps=1000); under a "
+    "schedule of your own, {{ciclo.every(time=60): ledger}}, the schedule decides."
 )
 _SINCE = ("process", "now")
 MSG_BAD_SINCE = (
@@ -87,8 +89,8 @@ class Goodput(LoopCallbackBase):
     checkpoints (:data:`HEARTBEAT_FILE`, written a few times a second). Only the outermost
     loop is measured (its evaluations are one bucket).
 
-    At its schedule (spread with ``**``: every ``interval`` seconds; in ``train_loop``'s
-    ``callbacks=``: after the first step past each ``interval``) it logs every bucket as a
+    At its schedule (spread with ``**``, or in ``train_loop``'s ``callbacks=``: every
+    ``steps`` steps; ``{ciclo.every(time=60): ledger}`` is another) it logs every bucket as a
     metric, ``goodput_<bucket>`` in seconds, with ``goodput_total`` and ``goodput``; the
     writers (``writer_logger``, CSV, TensorBoard) write them like any metric. With several
     processes each process logs its own ledger and process 0's is the one written out; they
@@ -99,14 +101,16 @@ class Goodput(LoopCallbackBase):
     Cost: two clock readings per step (about 0.3 µs).
 
     Args:
-        interval: seconds between two entries of the ledger in the history.
+        steps: the steps between two entries of the ledger in the history, when spread with
+            ``**`` or in ``callbacks=`` (a time schedule is asked at every step: a step
+            schedule costs nothing between its entries).
         summary: print a one-line summary when the loop ends (on process 0).
         since: ``"process"``: count from the process's start (its imports and set-up are
             start-up); ``"now"``: from the ledger's creation (in a notebook, a test).
 
     Example:
         >>> import ciclo, numpy as np
-        >>> ledger = ciclo.goodput(interval=60)
+        >>> ledger = ciclo.goodput(steps=2, since="now")
         >>> step = lambda state, batch: state + 1
         >>> _ = ciclo.loop(0, [np.ones(1)] * 5, {ciclo.every(1): step, **ledger})
         >>> report = ledger.report()
@@ -118,20 +122,15 @@ class Goodput(LoopCallbackBase):
     buckets = BUCKETS  #: the names of the buckets, in order
 
     def __init__(
-        self, interval: float = 60.0, *, summary: bool = False, since: str = "process"
+        self, steps: int = 1000, *, summary: bool = False, since: str = "process"
     ) -> None:
-        if (
-            isinstance(interval, bool)
-            or not isinstance(interval, int | float)
-            or not math.isfinite(interval)
-            or interval <= 0
-        ):
-            raise ValueError(MSG_BAD_INTERVAL.format(interval=interval))
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(MSG_BAD_STEPS.format(steps=steps))
         if not isinstance(summary, bool):
             raise TypeError(f"goodput(summary={summary!r}): expected True or False.")
         if since not in _SINCE:
             raise ValueError(MSG_BAD_SINCE.format(since=since))
-        self.interval = float(interval)
+        self.steps = steps
         self.summary = summary
         self.since = since
         PHASES.start()
@@ -140,9 +139,10 @@ class Goodput(LoopCallbackBase):
         self._base = dict.fromkeys(BUCKETS, 0.0)  # the processes before this one (a resume)
         self._loaded: dict[str, float] | None = None  # the checkpoint's, on a resume
         self._used = False  # whether a loop ran with it (a later resume then restarts own)
-        self._last = -math.inf
+        self._last = -steps  # the step of the latest entry
         self._start = PHASES.origin if first else _time.perf_counter()
         self._heartbeat: _Heartbeat | None = None
+        self._failed = False  # whether an error ended the loop
 
     # --- the figures ------------------------------------------------------------------------
     def _own(self) -> dict[str, float]:
@@ -234,17 +234,17 @@ class Goodput(LoopCallbackBase):
 
     # --- the loop ------------------------------------------------------------------------------
     def default_schedule(self) -> Schedule:
-        """Spread with ``**`` into ``tasks``: every ``interval`` seconds."""
-        return every(time=self.interval)
+        """Spread with ``**`` into ``tasks``: every ``steps`` steps."""
+        return every(self.steps)
 
     def __loop_callback__(self, loop_state: LoopState) -> Logs:
-        self._last = _time.monotonic()
+        self._last = loop_state.elapsed.steps
         return self._logs()
 
     def on_train_batch_end(
         self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
     ) -> Logs | None:
-        if _time.monotonic() - self._last < self.interval:
+        if elapsed.steps - self._last < self.steps:
             return None
         return self.__loop_callback__(loop_state)
 
@@ -253,12 +253,14 @@ class Goodput(LoopCallbackBase):
         loop's end: the summary."""
         if phases is None:
             if self._heartbeat is not None:
-                self._heartbeat.stop()
+                # Ended by an error, the work since the last checkpoint is lost; else the
+                # last checkpoint is the loop's end: a later run redoes nothing.
+                self._heartbeat.stop(keep=self._failed)
                 self._heartbeat = None
             if self.summary and writes_here(OUTPUT_PROCESS):
                 print(self.summary_line(), file=sys.stderr, flush=True)
             return
-        self._used = True
+        self._used, self._failed = True, False
         directory = _checkpoint_directory(loop_state)
         if directory is None or not writes_here(OUTPUT_PROCESS):
             return
@@ -269,7 +271,9 @@ class Goodput(LoopCallbackBase):
         self._heartbeat = _Heartbeat(path, self)
 
     def __loop_end__(self, loop_state: LoopState, error: BaseException | None) -> None:
-        """Nothing to do (the summary waits for the checkpoint's last save)."""
+        """Notes whether an error ended the loop (the summary waits for the checkpoint's
+        last save)."""
+        self._failed = error is not None
 
 
 goodput = Goodput
@@ -323,7 +327,11 @@ class _Heartbeat:
             except OSError:
                 pass  # a full disk: the ledger goes on, a resume then counts less as lost
 
-    def stop(self) -> None:
+    def stop(self, *, keep: bool) -> None:
+        """Stops noting; removes the file unless ``keep``."""
         self._stopped.set()
         self._thread.join(timeout=5.0)
+        if not keep:
+            with contextlib.suppress(OSError):
+                os.remove(self.path)
 

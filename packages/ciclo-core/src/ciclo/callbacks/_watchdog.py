@@ -216,8 +216,8 @@ class _Monitor:
     def _run(self) -> None:
         phases = self.phases
         while not self._stopped.wait(self.poll):
-            since, phase, step = phases.since, phases.phase, phases.number
-            if since != phases.since:  # the loop moved on while it was read
+            (phase, since), step = phases.current(), phases.number
+            if (phase, since) != phases.current():  # the loop moved on while it was read
                 continue
             name, deadline = self.dog.deadline_of(phase)
             if deadline is None:
