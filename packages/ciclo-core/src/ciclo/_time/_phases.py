@@ -70,13 +70,13 @@ def process_start_time() -> float:
     >>> 0 < time.time() - process_start_time() < 10 * 24 * 3600
     True
     """
-    try:
+    try:  # the process's age: the system's uptime less the process's start after boot
         with open("/proc/self/stat") as stat:
             ticks = int(stat.read().rpartition(")")[2].split()[19])
-        with open("/proc/stat") as kernel:
-            boot = next(int(line.split()[1]) for line in kernel if line.startswith("btime"))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, StopIteration, IndexError):
+        with open("/proc/uptime") as uptime:
+            up = float(uptime.read().split()[0])
+        return time.time() - (up - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
         return _IMPORTED
 
 
