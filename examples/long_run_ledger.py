@@ -64,16 +64,26 @@ def main() -> None:
         digits_cnn.train(directory, args.steps, [ledger, KillAt(args.child)], every)
         return
     first = subprocess.run(
-        [sys.executable, __file__, "--steps", str(args.steps), "--directory", directory,
-         "--child", str(2 * args.steps // 3)],
+        [
+            sys.executable,
+            __file__,
+            "--steps",
+            str(args.steps),
+            "--directory",
+            directory,
+            "--child",
+            str(2 * args.steps // 3),
+        ],
         check=False,
     )
     print(f"the first process ended with status {first.returncode} (killed: SIGKILL)")
     _, history, _ = digits_cnn.train(directory, args.steps, [ledger], every)
     report = ledger.report()
     print("  ".join(f"{b} {report[b]:.1f} s" for b in BUCKETS))
-    print(f"goodput {report['goodput']:.2f} of {report['total']:.1f} s; this process's first "
-          f"step {report['time_to_first_step']:.1f} s after its start")
+    print(
+        f"goodput {report['goodput']:.2f} of {report['total']:.1f} s; this process's first "
+        f"step {report['time_to_first_step']:.1f} s after its start"
+    )
     if args.plot:
         plot(history, args.plot)
         print(f"plot: {args.plot}")

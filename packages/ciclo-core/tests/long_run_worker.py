@@ -91,8 +91,10 @@ def main(scenario: str, out: Path, options: dict, process: int | None, port: int
     )
     emit(report=ledger.report(), steps=elapsed.steps, history=history.collect("goodput"))
     if process is not None:
-        emit(straggler=history.collect("goodput_straggler"), slowest=history.collect(
-            "goodput_slowest_process"))
+        emit(
+            straggler=history.collect("goodput_straggler"),
+            slowest=history.collect("goodput_slowest_process"),
+        )
 
 
 if __name__ == "__main__":

@@ -91,8 +91,15 @@ def test_with_two_processes_a_stuck_one_ends_both_within_fault_timeout_named(tmp
         "watchdog": {"step_timeout": 2, "data_timeout": 60},
     }
     commands = [
-        [sys.executable, str(WORKER), "watchdog", str(tmp_path / str(i)), json.dumps(options)]
-        + [str(i), str(port)]
+        [
+            sys.executable,
+            str(WORKER),
+            "watchdog",
+            str(tmp_path / str(i)),
+            json.dumps(options),
+            str(i),
+            str(port),
+        ]
         for i in range(2)
     ]
     for i in range(2):

@@ -20,9 +20,8 @@ import contextlib
 import os
 import threading
 import time
-from time import perf_counter
 from collections.abc import Iterator
-from typing import Any
+from time import perf_counter
 
 import jax.monitoring
 
@@ -256,15 +255,15 @@ class Phases:
         seconds[DATA] = total - sum(v for k, v in seconds.items() if k not in (DATA, "total"))
         return seconds
 
-    def _compiled(self, event: str, duration: float, **_: Any) -> None:
+    def _compiled(self, event: str, duration_secs: float, **_: str | int) -> None:
         """JAX's listener: compilation in the loop's thread moves to ``compile``."""
         if event in COMPILE_EVENTS and threading.get_ident() == self._thread:
             phase, _since = self.current()
             if phase == STEP:
-                self.stepped -= duration
+                self.stepped -= duration_secs
             elif phase != DATA:
-                self.seconds[phase] -= duration
-            self.seconds[COMPILE] += duration
+                self.seconds[phase] -= duration_secs
+            self.seconds[COMPILE] += duration_secs
 
 
 #: The process's one record of phases.
@@ -290,4 +289,3 @@ def marked(phase: str) -> Iterator[None]:
     finally:
         if PHASES.held:
             PHASES.enter(left)
-

@@ -35,12 +35,12 @@ from ._progress import tqdm_bar as tqdm_bar
 from ._throughput import Throughput as Throughput
 from ._throughput import compiled_flops as compiled_flops
 from ._throughput import throughput as throughput
+from ._watchdog import Watchdog as Watchdog
+from ._watchdog import WatchdogExpired as WatchdogExpired
+from ._watchdog import watchdog as watchdog
 from ._writers import MetricWriter as MetricWriter
 from ._writers import MLflowWriter as MLflowWriter
 from ._writers import TensorBoardWriter as TensorBoardWriter
 from ._writers import WandbWriter as WandbWriter
 from ._writers import WriterLogger as WriterLogger
-from ._watchdog import Watchdog as Watchdog
-from ._watchdog import WatchdogExpired as WatchdogExpired
-from ._watchdog import watchdog as watchdog
 from ._writers import writer_logger as writer_logger

@@ -121,9 +121,7 @@ class Goodput(LoopCallbackBase):
     __loop_observer__ = True  # reads the loop only: runs once per fused group
     buckets = BUCKETS  #: the names of the buckets, in order
 
-    def __init__(
-        self, steps: int = 1000, *, summary: bool = False, since: str = "process"
-    ) -> None:
+    def __init__(self, steps: int = 1000, *, summary: bool = False, since: str = "process") -> None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(MSG_BAD_STEPS.format(steps=steps))
         if not isinstance(summary, bool):
@@ -334,4 +332,3 @@ class _Heartbeat:
         if not keep:
             with contextlib.suppress(OSError):
                 os.remove(self.path)
-

@@ -25,7 +25,6 @@ from .._time._phases import (
     DATA,
     EVALUATION,
     FIRST_STEP,
-    PHASES,
     STARTUP,
     STEP,
     Phases,
@@ -173,9 +172,7 @@ class Watchdog(LoopCallbackBase):
     def __loop_callback__(self, loop_state: LoopState) -> None:
         """Nothing: the watchdog's thread does the work."""
 
-    def on_train_begin(
-        self, state: Any, batch: Any, elapsed: Any, loop_state: LoopState
-    ) -> None:
+    def on_train_begin(self, state: Any, batch: Any, elapsed: Any, loop_state: LoopState) -> None:
         """Nothing (its place in ``train_loop``'s ``callbacks=``: the thread does the work)."""
 
     def __loop_phases__(self, loop_state: LoopState, phases: Phases | None) -> None:
@@ -262,9 +259,12 @@ class _Monitor:
             for callback in callbacks:
                 fn = getattr(callback, "fn", callback)
                 for owner in (fn, getattr(fn, "__self__", None)):
-                    if isinstance(owner, WriterLogger) and writes_here(owner.process):
-                        if owner not in writers:
-                            writers.append(owner)
+                    if (
+                        isinstance(owner, WriterLogger)
+                        and writes_here(owner.process)
+                        and owner not in writers
+                    ):
+                        writers.append(owner)
         for logger in writers:
             writer = logger.metric_writer
 
