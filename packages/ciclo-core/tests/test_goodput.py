@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import ciclo
+from ciclo.testing import free_port, run_on_loopback
 from ciclo._time._phases import PHASES
 
 WORKER = Path(__file__).with_name("long_run_worker.py")
@@ -214,3 +215,23 @@ def test_after_a_sigkill_the_resume_counts_the_redone_work_as_lost(tmp_path):
     assert report["step"] >= 40 * 0.1 - 0.2
     own_startup = report["time_to_first_step"] - report["first_step"]
     assert report["startup"] > own_startup + 0.5  # the killed process's (importing jax...)
+
+
+@pytest.mark.slow
+def test_with_two_processes_the_slowest_process_and_its_ratio_are_logged_alike(tmp_path):
+    port = free_port()
+    options = {"steps": 60, "sleeps": [0.0, 0.03], "ledger_steps": 10}
+    commands = [
+        [sys.executable, str(WORKER), "ledger", str(tmp_path), json.dumps(options), str(i), str(port)]
+        for i in range(2)
+    ]
+    run = run_on_loopback(commands, devices_per_process=1, timeout=150)
+    for i in range(2):
+        assert run.codes[i] == 0, run.outputs[i][-3000:]
+    found = [
+        next(json.loads(line) for line in out.splitlines() if line.startswith('{"straggler"'))
+        for out in run.outputs
+    ]
+    assert found[0] == found[1]  # read from the same rounds: the same values everywhere
+    assert found[0]["slowest"][-1] == 1.0
+    assert found[0]["straggler"][-1] > 1.3  # process 1 spends more in steps than the median
