@@ -14,7 +14,8 @@ import subprocess
 import sys
 import tempfile
 
-from _data import parse_args
+import digits_cnn
+from _data import Batches, eval_batches, parse_args
 
 import ciclo
 
@@ -52,32 +53,34 @@ def plot(history: ciclo.History, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
-def main() -> None:
-    args = parse_args(__doc__, steps=300, directory="", plot="", child=-1)
-    directory = args.directory or tempfile.mkdtemp(prefix="ciclo-ledger-")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import digits_cnn
-
-    ledger = ciclo.goodput(steps=max(args.steps // 30, 1), summary=True)
-    every = max(args.steps // 6, 1)
-    if args.child >= 0:  # the first process: killed at step args.child
-        digits_cnn.train(directory, args.steps, [ledger, KillAt(args.child)], every)
-        return
-    first = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--steps",
-            str(args.steps),
-            "--directory",
-            directory,
-            "--child",
-            str(2 * args.steps // 3),
-        ],
-        check=False,
+def train(directory: str, steps: int, ledger: ciclo.Goodput, callbacks: list):
+    """``digits_cnn.train`` with the ledger in the tasks, logged 30 times over the run."""
+    checkpoint = ciclo.checkpoint(directory, keep=2)
+    return ciclo.train_loop(
+        digits_cnn.new_state(),
+        Batches(digits_cnn.X_TRAIN, digits_cnn.Y_TRAIN, digits_cnn.BATCH_SIZE),
+        {ciclo.every(max(steps // 6, 1)): checkpoint, ciclo.every(max(steps // 30, 1)): ledger},
+        test_dataset=lambda: eval_batches(digits_cnn.X_TEST, digits_cnn.Y_TEST),
+        epoch_duration=max(steps // 4, 1),
+        callbacks=callbacks,
+        stop=steps,
+        resume=checkpoint,
     )
-    print(f"the first process ended with status {first.returncode} (killed: SIGKILL)")
-    _, history, _ = digits_cnn.train(directory, args.steps, [ledger], every)
+
+
+def main() -> None:
+    args = parse_args(__doc__, steps=300, directory="", plot="", process="")
+    directory = args.directory or tempfile.mkdtemp(prefix="ciclo-ledger-")
+    if not args.process:  # each run is a process of its own, as after a real preemption
+        command = [sys.executable, __file__, "--steps", str(args.steps), "--directory", directory]
+        first = subprocess.run([*command, "--process", "first"], check=False)
+        print(f"the first process ended with status {first.returncode} (-9: SIGKILL)")
+        subprocess.run([*command, "--process", "resumed", "--plot", args.plot], check=True)
+        return
+    ledger = ciclo.goodput(summary=True)
+    # Both processes have the same tasks (a resume needs them); the first is killed.
+    kill_at = 2 * args.steps // 3 if args.process == "first" else -1
+    _, history, _ = train(directory, args.steps, ledger, [KillAt(kill_at)])
     report = ledger.report()
     print("  ".join(f"{b} {report[b]:.1f} s" for b in BUCKETS))
     print(

@@ -96,20 +96,22 @@ def test_compilation_moves_out_of_the_first_step_into_compile():
 
 
 def test_the_ledger_is_logged_at_its_schedule_and_in_train_loop_callbacks():
-    ledger = ciclo.goodput(steps=3, since="now")
+    ledger = ciclo.goodput(since="now")
 
     def step(state, batch):
         time.sleep(0.02)
         return ciclo.logs().add_loss("loss", 1.0), state
 
     _, history, _ = ciclo.train_loop(
-        0, [np.ones(1)] * 12, {ciclo.on_train_step: step}, epochs=1, callbacks=[ledger]
+        0, [np.ones(1)] * 12, {ciclo.on_train_step: step}, epoch_duration=3, callbacks=[ledger]
     )
-    values = history.collect("goodput")
-    assert len(values) >= 2
+    assert history.collect("steps", "goodput")[0] == [2, 5, 8, 11]  # at each epoch's end
     rows = history.collect("steps", "goodput_total", "goodput_step")
     assert all(total >= step_seconds > 0 for _, total, step_seconds in zip(*rows, strict=True))
     assert history.collect("goodput_total") == sorted(history.collect("goodput_total"))
+    spread = ciclo.goodput(steps=4, since="now")
+    _, history, _ = ciclo.loop(0, [np.ones(1)] * 10, {ciclo.every(1): step, **spread})
+    assert history.collect("steps", "goodput")[0] == [0, 4, 8]
 
 
 def test_the_summary_line_is_printed_when_asked(capsys):

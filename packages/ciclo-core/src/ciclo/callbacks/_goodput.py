@@ -89,8 +89,9 @@ class Goodput(LoopCallbackBase):
     checkpoints (:data:`HEARTBEAT_FILE`, written a few times a second). Only the outermost
     loop is measured (its evaluations are one bucket).
 
-    At its schedule (spread with ``**``, or in ``train_loop``'s ``callbacks=``: every
-    ``steps`` steps; ``{ciclo.every(time=60): ledger}`` is another) it logs every bucket as a
+    At its schedule (spread with ``**``: every ``steps`` steps; in ``train_loop``'s
+    ``callbacks=``: at each epoch's end; ``{ciclo.every(time=60): ledger}`` is another) it
+    logs every bucket as a
     metric, ``goodput_<bucket>`` in seconds, with ``goodput_total`` and ``goodput``; the
     writers (``writer_logger``, CSV, TensorBoard) write them like any metric. With several
     processes each process logs its own ledger and process 0's is the one written out; they
@@ -102,8 +103,8 @@ class Goodput(LoopCallbackBase):
 
     Args:
         steps: the steps between two entries of the ledger in the history, when spread with
-            ``**`` or in ``callbacks=`` (a time schedule is asked at every step: a step
-            schedule costs nothing between its entries).
+            ``**`` (a time schedule is asked at every step: a step schedule costs nothing
+            between its entries).
         summary: print a one-line summary when the loop ends (on process 0).
         since: ``"process"``: count from the process's start (its imports and set-up are
             start-up); ``"now"``: from the ledger's creation (in a notebook, a test).
@@ -137,7 +138,6 @@ class Goodput(LoopCallbackBase):
         self._base = dict.fromkeys(BUCKETS, 0.0)  # the processes before this one (a resume)
         self._loaded: dict[str, float] | None = None  # the checkpoint's, on a resume
         self._used = False  # whether a loop ran with it (a later resume then restarts own)
-        self._last = -steps  # the step of the latest entry
         self._start = PHASES.origin if first else _time.perf_counter()
         self._heartbeat: _Heartbeat | None = None
         self._failed = False  # whether an error ended the loop
@@ -236,14 +236,13 @@ class Goodput(LoopCallbackBase):
         return every(self.steps)
 
     def __loop_callback__(self, loop_state: LoopState) -> Logs:
-        self._last = loop_state.elapsed.steps
         return self._logs()
 
-    def on_train_batch_end(
+    def on_epoch_end(
         self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
-    ) -> Logs | None:
-        if elapsed.steps - self._last < self.steps:
-            return None
+    ) -> Logs:
+        """In ``train_loop``'s ``callbacks=``: an entry at each epoch's end (nothing runs
+        at the other steps)."""
         return self.__loop_callback__(loop_state)
 
     def __loop_phases__(self, loop_state: LoopState, phases: Phases | None) -> None:
