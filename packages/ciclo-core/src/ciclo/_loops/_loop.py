@@ -3,6 +3,7 @@
 It reads top to bottom, in the order a run happens: the arguments are checked, the tasks
 read, a checkpoint to resume from is put back, the processes of a job agree (several
 processes only), the signals that stop a run gracefully are caught, ``on_start`` runs, the
+record of the loop's phases is held for a time ledger or a watchdog among the callbacks, the
 engine (:func:`ciclo._loop._engine.run`) runs every batch (again from an earlier point
 after a callback such as ``rollback_on_nan`` put the loop back there), the loop's end hooks and
 ``on_end`` run, and a run stopped by SIGTERM exits with its status. The engine knows none
