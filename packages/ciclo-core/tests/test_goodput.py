@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import ciclo
-from ciclo.testing import free_port, run_on_loopback
 from ciclo._time._phases import PHASES
+from ciclo.testing import free_port, run_on_loopback
 
 WORKER = Path(__file__).with_name("long_run_worker.py")
 BUCKETS = ("startup", "compile", "data", "step", "evaluation", "checkpoint", "callbacks", "lost")
@@ -223,10 +223,8 @@ def test_after_a_sigkill_the_resume_counts_the_redone_work_as_lost(tmp_path):
 def test_with_two_processes_the_slowest_process_and_its_ratio_are_logged_alike(tmp_path):
     port = free_port()
     options = {"steps": 60, "sleeps": [0.0, 0.03], "ledger_steps": 10}
-    commands = [
-        [sys.executable, str(WORKER), "ledger", str(tmp_path), json.dumps(options), str(i), str(port)]
-        for i in range(2)
-    ]
+    command = [sys.executable, str(WORKER), "ledger", str(tmp_path), json.dumps(options)]
+    commands = [[*command, str(i), str(port)] for i in range(2)]
     run = run_on_loopback(commands, devices_per_process=1, timeout=150)
     for i in range(2):
         assert run.codes[i] == 0, run.outputs[i][-3000:]
