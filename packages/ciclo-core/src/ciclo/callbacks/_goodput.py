@@ -238,9 +238,7 @@ class Goodput(LoopCallbackBase):
     def __loop_callback__(self, loop_state: LoopState) -> Logs:
         return self._logs()
 
-    def on_epoch_end(
-        self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
-    ) -> Logs:
+    def on_epoch_end(self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState) -> Logs:
         """In ``train_loop``'s ``callbacks=``: an entry at each epoch's end (nothing runs
         at the other steps)."""
         return self.__loop_callback__(loop_state)
