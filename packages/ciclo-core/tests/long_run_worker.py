@@ -78,6 +78,10 @@ def main(scenario: str, out: Path, options: dict, process: int | None, port: int
     tasks.update(ledger)
     if "checkpoint_every" in options:
         tasks[ciclo.every(options["checkpoint_every"])] = ciclo.checkpoint(out / "ckpt", keep=2)
+    if options.get("hang_writes"):  # a checkpoint write that never returns (a hung disk)
+        from ciclo._checkpoint import _format
+
+        _format.write = lambda *args, **kwargs: block_forever()
     if "watchdog" in options:
         tasks.update(ciclo.watchdog(**options["watchdog"]))
         per_step.append(ciclo.writer_logger(FileWriter(out / "events.jsonl")))

@@ -36,18 +36,18 @@ def step_times(stdout: str) -> dict[int, float]:
 
 @pytest.mark.slow
 def test_a_callback_that_blocks_forever_ends_the_process_with_124_and_its_stack(tmp_path):
-    out = run_worker(tmp_path, steps=20, block_at=4, watchdog={"step_timeout": 2})
+    out = run_worker(tmp_path, steps=20, block_at=4, watchdog={"step_timeout": 3})
     ended = time.time()
     assert out.returncode == 124, out.stderr[-3000:]
     blocked = step_times(out.stdout)[4]
-    assert ended - blocked < 2 + 5
+    assert ended - blocked < 3 + 5
     assert "made no progress for" in out.stderr
     assert "in the phase 'step' at step 4" in out.stderr
-    assert "step_timeout=2 s" in out.stderr
+    assert "step_timeout=3 s" in out.stderr
     assert "block_forever" in out.stderr  # the stack names the blocking function
     assert "Thread" in out.stderr  # faulthandler's dump of every thread
     events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
-    assert {"step": 4, "watchdog/expired": 2.0} in events
+    assert {"step": 4, "watchdog/expired": 3.0} in events
 
 
 @pytest.mark.slow
@@ -77,6 +77,22 @@ def test_a_long_evaluation_trips_its_own_deadline(tmp_path):
     assert out.returncode == 124, out.stderr[-3000:]
     assert "in the phase 'evaluation' at step 0" in out.stderr
     assert "evaluation_timeout=1.5 s" in out.stderr
+
+
+@pytest.mark.slow
+def test_a_hung_checkpoint_write_trips_the_checkpoint_deadline(tmp_path):
+    # The first save's write hangs in the background; the next save waits for it.
+    out = run_worker(
+        tmp_path,
+        steps=20,
+        checkpoint_every=5,
+        hang_writes=True,
+        watchdog={"step_timeout": 30, "checkpoint_timeout": 2},
+    )
+    assert out.returncode == 124, out.stderr[-3000:]
+    assert "in the phase 'checkpoint' at step 5" in out.stderr
+    assert "checkpoint_timeout=2 s" in out.stderr
+    assert "block_forever" in out.stderr  # the writer thread's stack
 
 
 @pytest.mark.slow
