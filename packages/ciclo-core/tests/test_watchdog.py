@@ -96,13 +96,15 @@ def test_a_hung_checkpoint_write_trips_the_checkpoint_deadline(tmp_path):
 
 
 @pytest.mark.slow
-def test_with_two_processes_a_stuck_one_ends_both_within_fault_timeout_named(tmp_path):
+@pytest.mark.parametrize("stuck", [1, 0])  # process 0 also holds the coordination service
+def test_with_two_processes_a_stuck_one_ends_both_within_fault_timeout_named(tmp_path, stuck):
     port = free_port()
+    other = 1 - stuck
     options = {
         "steps": 400,
         "sleep": 0.02,
         "block_at": 10,
-        "stuck": 1,
+        "stuck": stuck,
         "fault_timeout": 10,
         "watchdog": {"step_timeout": 2, "data_timeout": 60},
     }
@@ -122,11 +124,11 @@ def test_with_two_processes_a_stuck_one_ends_both_within_fault_timeout_named(tmp
         (tmp_path / str(i)).mkdir()
     run = run_on_loopback(commands, devices_per_process=1, timeout=TIMEOUT)
     ended, codes, outputs = time.time(), run.codes, run.outputs
-    assert codes[1] == 124, outputs[1][-3000:]
-    assert "process 1 made no progress" in outputs[1]
-    assert codes[0] not in (0, 124), outputs[0][-3000:]
-    assert "process 1 failed: WatchdogExpired: its watchdog ended it" in outputs[0]
-    blocked = step_times(outputs[1])[10]
+    assert codes[stuck] == 124, outputs[stuck][-3000:]
+    assert f"process {stuck} made no progress" in outputs[stuck]
+    assert codes[other] not in (0, 124), outputs[other][-3000:]
+    assert f"process {stuck} failed: WatchdogExpired: its watchdog ended it" in outputs[other]
+    blocked = step_times(outputs[stuck])[10]
     assert ended - blocked < 2 + 10  # the deadline, then within fault_timeout
 
 
