@@ -23,7 +23,13 @@ from .._checkpoint import _resume
 from .._loop._agreed import AgreedDecisions
 from .._loop._arguments import check_arguments, check_dataset, checked_batch_size_fn
 from .._loop._engine import run
-from .._loop._hooks import PhaseWatcher, end_hook_owners, phase_watchers, restart_hook_owners
+from .._loop._hooks import (
+    PhaseWatcher,
+    RestartHook,
+    end_hook_owners,
+    phase_watchers,
+    restart_hook_owners,
+)
 from .._loop._signals import exit_if_terminated, stop_gracefully_on
 from .._loop._state import LoopInputs, LoopState, record_ending
 from .._loop._step import commit, run_callbacks
@@ -37,7 +43,7 @@ from .._processes._agreement import (
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period, elapse
-from .._time._phases import PHASES, Phases
+from .._time._phases import CHECKPOINT, PHASES, Phases, marked
 
 __all__ = ["loop"]
 
@@ -244,7 +250,7 @@ def loop(
                 )
                 # A callback that stopped the engine to roll the loop back (rollback_on_nan)
                 # put back an earlier state: the engine runs again from there.
-                while not received and (batches := restart(restarts, loop_state)) is not None:
+                while not received and (batches := _restart(restarts, loop_state)) is not None:
                     steps = counted(batches)
                     if decisions is not None:
                         decisions.restart(steps)
@@ -285,6 +291,13 @@ def loop(
     # 7. A run stopped by SIGTERM (not Ctrl-C) exits with status 128 + signal.
     exit_if_terminated(received, loop_state)
     return loop_state.state, history, loop_state.elapsed
+
+
+def _restart(restarts: list[RestartHook], loop_state: LoopState) -> Iterable[Any] | None:
+    """:func:`restart`, in the checkpoint phase for the ledger and the watchdog (a rollback
+    restores a checkpoint)."""
+    with marked(CHECKPOINT):
+        return restart(restarts, loop_state)
 
 
 @contextlib.contextmanager
