@@ -296,6 +296,8 @@ def loop(
 def _restart(restarts: list[RestartHook], loop_state: LoopState) -> Iterable[Any] | None:
     """:func:`restart`, in the checkpoint phase for the ledger and the watchdog (a rollback
     restores a checkpoint)."""
+    if not PHASES.held:
+        return restart(restarts, loop_state)
     with marked(CHECKPOINT):
         return restart(restarts, loop_state)
 
