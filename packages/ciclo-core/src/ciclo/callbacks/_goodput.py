@@ -134,6 +134,8 @@ class Goodput(LoopCallbackBase):
         self.since = since
         PHASES.start()
         first = since == "process"  # else this process's seconds count from now
+        if not first and not PHASES.held:  # from now to the next loop's first step
+            PHASES.enter(STARTUP)
         self._offset = dict.fromkeys([*PHASES.seconds, "total"], 0.0) if first else PHASES.totals()
         self._base = dict.fromkeys(BUCKETS, 0.0)  # the processes before this one (a resume)
         self._loaded: dict[str, float] | None = None  # the checkpoint's, on a resume
