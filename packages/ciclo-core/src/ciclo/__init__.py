@@ -68,6 +68,8 @@ from .callbacks._early_stopping import EarlyStopping as EarlyStopping
 from .callbacks._early_stopping import TerminateOnNaN as TerminateOnNaN
 from .callbacks._early_stopping import early_stopping as early_stopping
 from .callbacks._early_stopping import terminate_on_nan as terminate_on_nan
+from .callbacks._goodput import Goodput as Goodput
+from .callbacks._goodput import goodput as goodput
 from .callbacks._inner_loop import inner_loop as inner_loop
 from .callbacks._loggers import CSVLogger as CSVLogger
 from .callbacks._loggers import TensorBoardLogger as TensorBoardLogger
@@ -83,6 +85,8 @@ from .callbacks._progress import keras_bar as keras_bar
 from .callbacks._progress import tqdm_bar as tqdm_bar
 from .callbacks._throughput import Throughput as Throughput
 from .callbacks._throughput import throughput as throughput
+from .callbacks._watchdog import Watchdog as Watchdog
+from .callbacks._watchdog import watchdog as watchdog
 from .callbacks._writers import WriterLogger as WriterLogger
 from .callbacks._writers import writer_logger as writer_logger
 

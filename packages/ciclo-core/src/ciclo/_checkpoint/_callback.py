@@ -17,6 +17,7 @@ from .._loop._state import LoopState
 from .._processes._agreement import fault_of_another_process, gather_to_all
 from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records import _host
+from .._time._phases import CHECKPOINT, marked
 from .._time._schedules import Schedule, every
 from . import _format, _lock, _writer
 
@@ -219,6 +220,10 @@ class Checkpoint(LoopCallbackBase):
         raising if one failed. A background save that failed since the last step does not
         keep the final state from being saved (then only a warning says it failed). After
         an error, only waits."""
+        with marked(CHECKPOINT):  # the blocking time, for the ledger and the watchdog
+            self._end(loop_state, error)
+
+    def _end(self, loop_state: LoopState, error: BaseException | None) -> None:
         if error is not None:
             try:
                 self._wait_quietly(error)
@@ -266,7 +271,8 @@ class Checkpoint(LoopCallbackBase):
 
     # --- saving -------------------------------------------------------------------------------
     def _save_at_step_end(self, loop_state: LoopState) -> None:
-        self._save(loop_state, monitored=self.monitor is not None)
+        with marked(CHECKPOINT):  # the blocking time, for the ledger and the watchdog
+            self._save(loop_state, monitored=self.monitor is not None)
 
     def _open(self) -> Any:
         if self._manager is None:

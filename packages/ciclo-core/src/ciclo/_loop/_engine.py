@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, elapse
+from .._time._phases import CALLBACKS, Phases
 from .._time._schedules import Schedule
 from ._callback import Callback
 from ._fusion import Group
@@ -38,6 +39,7 @@ def run(
     tasks: Sequence[tuple[Schedule, list[Callback]]],
     *,
     max_steps_in_flight: int,
+    phases: Phases | None = None,
 ) -> None:
     """Runs every batch of ``steps``: the callbacks whose schedules fire, in order, then a
     commit of the step's logs, then what callbacks queued with ``loop_state.at_step_end``;
@@ -47,6 +49,9 @@ def run(
     Tasks holding a fusable callback that asks for several steps per call (K > 1) when the
     loop starts group its consecutive steps (see :func:`ciclo.loop`); a fusable callback
     whose K becomes larger than 1 later runs one step per call.
+
+    ``phases``: the record a ledger or a watchdog reads (``ciclo._time._phases``), given
+    by the outermost loop that holds it: each batch drawn and each step done is marked.
     """
     plan = TaskPlan(tasks)
     in_flight = InFlight(max_steps_in_flight)
@@ -61,6 +66,8 @@ def run(
         for elapsed, batch in steps:
             loop_state.elapsed = elapsed
             loop_state.batch = batch
+            if phases is not None:
+                phases.step(elapsed.steps)
             if elapsed.steps < plan.next_steps and elapsed.samples < plan.next_samples:
                 fired: Iterator[Callback] = iter(plan.steady)
             else:
@@ -85,9 +92,13 @@ def run(
             # has_step_end() and stop_iteration, read as the slots they are (once per step)
             if loop_state._step_end:
                 plan.catch_up(elapsed)
+                if phases is not None:
+                    phases.enter(CALLBACKS)
                 loop_state.end_step()
             if loop_state._stop:
                 break
+            if phases is not None:
+                phases.data()
         if group is not None:
             group.run(loop_state, in_flight)
             loop_state.end_step()

@@ -40,6 +40,13 @@ never probes a callback with ``hasattr`` elsewhere: it asks the helpers of this 
     loop's current state and batch, lowered and not run (a ``jax.stages.Lowered``): what
     ``throughput(flops_per_step=step)`` reads the FLOPs of a step from (:func:`lowered`).
 
+``__loop_phases__(loop_state, phases)`` (:class:`PhaseWatcher`)
+    A callback object that reads the loop's phases (the time ledger ``ciclo.goodput``, the
+    watchdog): the outermost loop holding one marks its phases on the process's record
+    (:mod:`ciclo._time._phases`), and calls this with the record when its first batch is
+    about to be drawn (after a resume), and with ``None`` once the loop's end hooks have
+    run (:func:`phase_watchers`).
+
 ``state_dict()`` / ``load_state_dict(state)`` (:class:`Stateful`)
     Callbacks (early stopping...), schedules and datasets that remember something expose
     it as plain Python values and NumPy arrays, so a checkpoint saves it and a resumed run
@@ -77,6 +84,8 @@ __all__ = [
     "steps_per_call",
     "end_hook_owners",
     "restart_hook_owners",
+    "PhaseWatcher",
+    "phase_watchers",
     "lowered",
     "as_stateful",
     "is_stateful",
@@ -116,6 +125,12 @@ class FusableCallback(LoopCallback, Protocol):
     def __loop_steps_per_call__(self, loop_state: LoopState) -> int: ...
 
     def __loop_callback_many__(self, loop_state: LoopState, batches: Sequence[Any]) -> Any: ...
+
+
+class PhaseWatcher(Protocol):
+    """Reads the loop's phases (see the module docstring)."""
+
+    def __loop_phases__(self, loop_state: LoopState, phases: Any) -> None: ...
 
 
 class Stateful(Protocol):
@@ -220,6 +235,23 @@ def restart_hook_owners(fns: Iterable[Any]) -> list[RestartHook]:
     for fn in fns:
         for owner in (fn, getattr(fn, "__self__", None)):
             if owner is not None and callable(getattr(type(owner), "__loop_restart__", None)):
+                found.setdefault(id(owner), owner)
+    return list(found.values())
+
+
+def phase_watchers(fns: Iterable[Any]) -> list[PhaseWatcher]:
+    """The distinct objects behind ``fns`` (themselves, or the objects of bound methods)
+    whose class defines ``__loop_phases__``, in order of appearance.
+
+    Example:
+        >>> import ciclo
+        >>> phase_watchers([ciclo.keras_bar(10), print])
+        []
+    """
+    found: dict[int, Any] = {}
+    for fn in fns:
+        for owner in (fn, getattr(fn, "__self__", None)):
+            if owner is not None and callable(getattr(type(owner), "__loop_phases__", None)):
                 found.setdefault(id(owner), owner)
     return list(found.values())
 

@@ -3,6 +3,7 @@
 It reads top to bottom, in the order a run happens: the arguments are checked, the tasks
 read, a checkpoint to resume from is put back, the processes of a job agree (several
 processes only), the signals that stop a run gracefully are caught, ``on_start`` runs, the
+record of the loop's phases is held for a time ledger or a watchdog among the callbacks, the
 engine (:func:`ciclo._loop._engine.run`) runs every batch (again from an earlier point
 after a callback such as ``rollback_on_nan`` put the loop back there), the loop's end hooks and
 ``on_end`` run, and a run stopped by SIGTERM exits with its status. The engine knows none
@@ -11,17 +12,24 @@ of these: each composes around it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import signal
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from .._checkpoint import _resume
 from .._loop._agreed import AgreedDecisions
 from .._loop._arguments import check_arguments, check_dataset, checked_batch_size_fn
 from .._loop._engine import run
-from .._loop._hooks import end_hook_owners, restart_hook_owners
+from .._loop._hooks import (
+    PhaseWatcher,
+    RestartHook,
+    end_hook_owners,
+    phase_watchers,
+    restart_hook_owners,
+)
 from .._loop._signals import exit_if_terminated, stop_gracefully_on
 from .._loop._state import LoopInputs, LoopState, record_ending
 from .._loop._step import commit, run_callbacks
@@ -35,6 +43,7 @@ from .._processes._agreement import (
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period, elapse
+from .._time._phases import CHECKPOINT, PHASES, Phases, marked
 
 __all__ = ["loop"]
 
@@ -172,6 +181,7 @@ def loop(
     every_fn = [callback.fn for callback in every_callback]
     end_hooks = end_hook_owners(every_fn)
     restarts = restart_hook_owners(every_fn)
+    watchers = phase_watchers(every_fn)
     history = History() if history is None else history
     loop_state = LoopState(
         state,
@@ -226,16 +236,31 @@ def loop(
         commit(loop_state)
         loop_state.end_step()
         # 5. The batches, with stop signals caught.
-        with stop_gracefully_on(loop_state, stop_signals, received):
+        with (
+            stop_gracefully_on(loop_state, stop_signals, received),
+            _phases_watched(loop_state, watchers) as phases,
+        ):
             try:
-                run(loop_state, steps, task_list, max_steps_in_flight=max_steps_in_flight)
+                run(
+                    loop_state,
+                    steps,
+                    task_list,
+                    max_steps_in_flight=max_steps_in_flight,
+                    phases=phases,
+                )
                 # A callback that stopped the engine to roll the loop back (rollback_on_nan)
                 # put back an earlier state: the engine runs again from there.
-                while not received and (batches := restart(restarts, loop_state)) is not None:
+                while not received and (batches := _restart(restarts, loop_state)) is not None:
                     steps = counted(batches)
                     if decisions is not None:
                         decisions.restart(steps)
-                    run(loop_state, steps, task_list, max_steps_in_flight=max_steps_in_flight)
+                    run(
+                        loop_state,
+                        steps,
+                        task_list,
+                        max_steps_in_flight=max_steps_in_flight,
+                        phases=phases,
+                    )
                 if decisions is not None:
                     decisions.finish(loop_state.elapsed.steps)
                 record_ending(loop_state, stop)
@@ -266,3 +291,30 @@ def loop(
     # 7. A run stopped by SIGTERM (not Ctrl-C) exits with status 128 + signal.
     exit_if_terminated(received, loop_state)
     return loop_state.state, history, loop_state.elapsed
+
+
+def _restart(restarts: list[RestartHook], loop_state: LoopState) -> Iterable[Any] | None:
+    """:func:`restart`, in the checkpoint phase for the ledger and the watchdog (a rollback
+    restores a checkpoint)."""
+    if not PHASES.held:
+        return restart(restarts, loop_state)
+    with marked(CHECKPOINT):
+        return restart(restarts, loop_state)
+
+
+@contextlib.contextmanager
+def _phases_watched(loop_state: LoopState, watchers: list[PhaseWatcher]) -> Iterator[Phases | None]:
+    """The record of phases this loop marks, for the ledger and the watchdog among its
+    callbacks (``None`` without one, or inside a loop that marks them already): they are
+    told when the steps begin, and once the loop's end hooks have run."""
+    if not watchers or not PHASES.hold():
+        yield None
+        return
+    try:
+        for watcher in watchers:
+            watcher.__loop_phases__(loop_state, PHASES)
+        yield PHASES
+    finally:
+        PHASES.release()
+        for watcher in watchers:
+            watcher.__loop_phases__(loop_state, None)

@@ -42,6 +42,7 @@ __all__ = [
     "gather_to_all",
     "preemption_reached",
     "preemption_service_on",
+    "running_agreement",
     "start_agreement",
 ]
 
@@ -443,6 +444,16 @@ def start_agreement(*, every: int | None, timeout: float) -> Agreement | None:
         return None
     _loops_started += 1
     _active = Agreement(f"loop{_loops_started}", every=every, timeout=float(timeout))
+    return _active
+
+
+def running_agreement() -> Agreement | None:
+    """The agreement of the outermost loop running now (``None`` with one process): what a
+    thread that must end the job (the watchdog) publishes its fault through.
+
+    >>> running_agreement() is None
+    True
+    """
     return _active
 
 

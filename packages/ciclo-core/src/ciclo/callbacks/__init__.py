@@ -17,6 +17,8 @@ from ._early_stopping import EarlyStopping as EarlyStopping
 from ._early_stopping import TerminateOnNaN as TerminateOnNaN
 from ._early_stopping import early_stopping as early_stopping
 from ._early_stopping import terminate_on_nan as terminate_on_nan
+from ._goodput import Goodput as Goodput
+from ._goodput import goodput as goodput
 from ._inner_loop import inner_loop as inner_loop
 from ._loggers import CSVLogger as CSVLogger
 from ._loggers import TensorBoardLogger as TensorBoardLogger
@@ -33,6 +35,9 @@ from ._progress import tqdm_bar as tqdm_bar
 from ._throughput import Throughput as Throughput
 from ._throughput import compiled_flops as compiled_flops
 from ._throughput import throughput as throughput
+from ._watchdog import Watchdog as Watchdog
+from ._watchdog import WatchdogExpired as WatchdogExpired
+from ._watchdog import watchdog as watchdog
 from ._writers import MetricWriter as MetricWriter
 from ._writers import MLflowWriter as MLflowWriter
 from ._writers import TensorBoardWriter as TensorBoardWriter

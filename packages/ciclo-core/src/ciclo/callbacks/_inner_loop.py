@@ -11,6 +11,7 @@ from .._records._aggregate import AggregationSpec, Spec, aggregate_history, rena
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed
+from .._time._phases import EVALUATION, marked
 
 __all__ = ["inner_loop"]
 
@@ -108,7 +109,9 @@ def inner_loop(
     Spec(aggregation)  # validates early
 
     def run(state: Any) -> tuple[Logs, Any]:
-        new_state, logs, elapsed = _split_result(name, loop_fn(state))
+        with marked(EVALUATION):  # for the ledger and the watchdog (ciclo._time._phases)
+            result = loop_fn(state)
+        new_state, logs, elapsed = _split_result(name, result)
         if isinstance(logs, History):
             logs = aggregate_history(logs, aggregation, elapsed)
         return rename_logs(logs, name), (new_state if output_state else None)
