@@ -292,7 +292,11 @@ def test_two_processes_roll_back_at_one_step_and_resume_after_a_sigkill_to_the_s
     assert 16 <= stopped <= 19
     assert first["steps"] == training.STEPS
     assert all(math.isfinite(v) for v in [*first["w"], first["b"], *first["losses"]])
-    assert _job(killed, "--die-at", "23") == [-9, -9]
+    codes = _job(killed, "--die-at", "23")
+    # Each process kills itself at step 23. When process 0 (which runs JAX's coordination
+    # service) is gone first, process 1's coordination client may abort it (SIGABRT) in the
+    # moment before its own kill: seen twice under a load of 15.
+    assert codes[0] == -9 and codes[1] in (-9, -6), codes
     assert not (killed / "result0.json").exists()
     _job(killed)  # the same command resumes it
     for resumed in _results(killed):
