@@ -102,6 +102,7 @@ def extras(session: nox.Session) -> None:
     packages: the tests in tests/extras/, every adapter installed."""
     _install_tests(session, *ADAPTERS)
     session.install(
+        "-e",  # editable, as _install_tests made it: a reused venv tests the checkout
         f"{ROOT / 'packages' / 'ciclo-core'}[tensorboard,plot]",
         *nox.project.dependency_groups(PYPROJECT, "extras"),
     )
