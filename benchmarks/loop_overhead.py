@@ -122,7 +122,7 @@ def candidates(state, dataset, train_step) -> dict[str, Callable[[], Any]]:
                 history.commit(elapsed, logs)
         jax.block_until_ready(s)
 
-    return {
+    runs = {
         HAND_WRITTEN: hand_written,
         LOOP: with_loop,
         LOOP_GOODPUT: with_loop_and_goodput,
@@ -130,6 +130,9 @@ def candidates(state, dataset, train_step) -> dict[str, Callable[[], Any]]:
         LOOP_BAR_MEAN: with_loop_and_mean_bar,
         MANUAL: manual_iteration,
     }
+    if not hasattr(ciclo, "goodput"):  # an earlier ciclo (run.py --before)
+        del runs[LOOP_GOODPUT]
+    return runs
 
 
 def overhead_rows(
