@@ -38,9 +38,7 @@ def main(directory: str, steps: int, cache: bool) -> None:
 
     @jax.jit
     def train_step(state, batch):
-        loss, grads = jax.value_and_grad(lambda s: jnp.mean((batch @ s["w"] + s["b"]) ** 2))(
-            state
-        )
+        loss, grads = jax.value_and_grad(lambda s: jnp.mean((batch @ s["w"] + s["b"]) ** 2))(state)
         new = jax.tree.map(lambda p, g: p - 0.1 * g, state, grads)
         return ciclo.logs().add_loss("loss", loss), new
 

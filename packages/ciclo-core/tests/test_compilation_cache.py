@@ -73,7 +73,7 @@ def test_the_cache_follows_the_latest_checkpoint_and_turns_off(tmp_path, jax_cac
     first = ciclo.checkpoint(tmp_path / "a")
     assert first.compilation_cache == str(tmp_path / "a" / "compilation_cache")
     assert jax.config.jax_compilation_cache_dir == first.compilation_cache
-    assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0  # every program cached, not those over 1 s
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0  # all cached, not > 1 s
 
     shared = tmp_path / "shared"
     second = ciclo.checkpoint(tmp_path / "b", compilation_cache=shared)

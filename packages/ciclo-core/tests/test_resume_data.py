@@ -123,9 +123,9 @@ def test_a_dataset_that_cannot_seek_is_replayed_and_one_line_says_so(tmp_path, c
     assert drawn == list(range(STEPS))  # the consumed batches drawn again, then dropped
     lines = [line for line in capsys.readouterr().err.splitlines() if "replaying" in line]
     assert lines == [
-        f"ciclo: resuming by replaying the {CONSUMED} batches the interrupted run consumed: a generator "
-        "cannot seek (a sequence of batches, or a dataset with state_dict()/load_state_dict(), "
-        "seeks at once)."
+        f"ciclo: resuming by replaying the {CONSUMED} batches the interrupted run consumed: a "
+        "generator cannot seek (a sequence of batches, or a dataset with "
+        "state_dict()/load_state_dict(), seeks at once)."
     ]
 
 
@@ -137,5 +137,5 @@ def test_a_mapping_is_not_taken_for_an_indexed_dataset():
 
     assert not iterated_by_index({0: 1})
     assert not iterated_by_index(Table())
-    assert not iterated_by_index([1, 2])  # a list has __iter__: a sequence, seeked by len
+    assert not iterated_by_index([1, 2])  # a list has __iter__: resumed as a sequence
     assert iterated_by_index(Indexed())

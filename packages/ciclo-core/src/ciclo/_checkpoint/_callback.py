@@ -90,8 +90,10 @@ class Checkpoint(LoopCallbackBase):
     ``StatefulDataLoader`` convention; a custom loader that can seek implements both, e.g.
     ``{"batch": n}``, and starts its next ``iter()`` there) has its state saved and loaded
     back, which also restores its shuffling exactly; a sequence (list, tuple, NumPy or JAX
-    array of batches) is resumed by index; any other iterable is iterated again and the
-    consumed batches dropped, so it must yield the same batches when re-created.
+    array of batches), or an object Python iterates by index (``__getitem__`` without
+    ``__iter__``), is resumed by index; any other iterable is iterated again and the
+    consumed batches dropped (one line on stderr says so, with the count), so it must
+    yield the same batches when re-created.
 
     Use it under any schedule of ``ciclo.loop`` (``{ciclo.every(1000): ckpt}``; spread in
     with ``**ckpt`` it saves every 10 minutes of loop time), in ``train_loop`` too

@@ -9,7 +9,7 @@ is the one in use. It also lowers ``jax_persistent_cache_min_compile_time_secs``
 default (1 s, which on CPU leaves most programs out) to 0, so every program is cached.
 
 ciclo only ever changes what it set itself: a cache directory set by the user
-(``jax.config.update("jax_compilation_cache_dir", ...)``, the ``JAX_COMPILATION_CACHE_DIR``
+(``_set("jax_compilation_cache_dir", ...)``, the ``JAX_COMPILATION_CACHE_DIR``
 environment variable, ``set_cache_dir``) and a threshold set by the user are kept.
 
 With several processes, each reads the cache and only process 0 writes it (JAX's rule): the
@@ -43,6 +43,14 @@ _TWO_CACHES = (
 # What ciclo set: the directory (None: JAX's setting is not ciclo's) and the threshold it
 # replaced (None: ciclo left the threshold alone).
 _ours: dict[str, Any] = {"dir": None, "threshold": None}
+
+
+def _get(name: str) -> Any:
+    return getattr(jax.config, name)
+
+
+def _set(name: str, value: Any) -> None:
+    jax.config.update(name, value)  # type: ignore[no-untyped-call]
 
 
 def managed_cache_directory() -> str | None:
@@ -107,31 +115,31 @@ def use_compilation_cache(setting: Any, checkpoint_directory: str) -> str | None
         ValueError: a path was given while JAX's cache is set, outside ciclo, to another.
     """
     wanted = cache_path(setting, checkpoint_directory)
-    current = jax.config.jax_compilation_cache_dir
+    current = _get(_DIR)
     if current is not None and current != _ours["dir"]:  # the user's own: kept
         if setting is not True and wanted is not None and wanted != current:
             raise ValueError(_TWO_CACHES.format(given=wanted, current=current))
         return current  # type: ignore[no-any-return]
     if wanted is None:
         if _ours["dir"] is not None:  # ciclo's cache of an earlier checkpoint: off now
-            jax.config.update(_DIR, None)
+            _set(_DIR, None)
             if _ours["threshold"] is not None and not _threshold():  # still ciclo's 0
-                jax.config.update(_THRESHOLD, _ours["threshold"])
+                _set(_THRESHOLD, _ours["threshold"])
             _ours.update(dir=None, threshold=None)
             _jax_cache.reset_cache()
         return None
     if wanted != current:
-        jax.config.update(_DIR, wanted)
+        _set(_DIR, wanted)
         _jax_cache.reset_cache()  # JAX reads the directory once, at its next compilation
     if _ours["threshold"] is None and _default_threshold():
         _ours["threshold"] = _threshold()
-        jax.config.update(_THRESHOLD, 0.0)
+        _set(_THRESHOLD, 0.0)
     _ours["dir"] = wanted
     return wanted
 
 
 def _threshold() -> float:
-    return float(jax.config.jax_persistent_cache_min_compile_time_secs)
+    return float(_get(_THRESHOLD))
 
 
 def _default_threshold() -> bool:
