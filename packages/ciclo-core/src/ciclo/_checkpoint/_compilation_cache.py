@@ -40,6 +40,12 @@ _TWO_CACHES = (
     "setting jax_compilation_cache_dir to use {given!r}."
 )
 
+#: A ``compilation_cache=`` that is neither a bool nor a path.
+_NOT_A_SETTING = (
+    "ciclo.checkpoint(compilation_cache={setting!r}): expected True (a cache in the "
+    "checkpoint directory), False (none) or a directory path, got {kind}."
+)
+
 # What ciclo set: the directory (None: JAX's setting is not ciclo's) and the threshold it
 # replaced (None: ciclo left the threshold alone).
 _ours: dict[str, Any] = {"dir": None, "threshold": None}
@@ -90,9 +96,7 @@ def cache_path(setting: Any, checkpoint_directory: str) -> str | None:
         text = os.fspath(setting)
     except TypeError:
         raise TypeError(
-            f"ciclo.checkpoint(compilation_cache={setting!r}): expected True (a cache in the "
-            f"checkpoint directory), False (none) or a directory path, got "
-            f"{type(setting).__name__}."
+            _NOT_A_SETTING.format(setting=setting, kind=type(setting).__name__)
         ) from None
     if not isinstance(text, str):
         text = os.fsdecode(text)
