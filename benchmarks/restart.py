@@ -96,7 +96,7 @@ def main() -> None:
     from _harness import emit, parse_args, summarize
 
     args = parse_args(__doc__)
-    rounds, first, more = (1, 20, 5) if args.tiny else (5, 60, 20)
+    rounds, first, more = (1, 20, 5) if args.tiny else (7, 60, 20)
     labels = ["cold start", "cold start, no cache", "resume, no cache", "resume"]
     if args.tiny:  # the two that matter, once: bench_tiny stays short
         labels = ["cold start", "resume"]
