@@ -158,7 +158,7 @@ def test_a_grain_map_dataset_seeks_through_its_iterator_state_and_replays_unwrap
         else:
             assert min(read) == 0
             assert replayed == [
-                "ciclo: resuming by replaying the 7 batches the interrupted run consumed: a "
+                "ciclo: reaching the checkpoint's data position by replaying 7 batches: a "
                 "MapMapDataset cannot seek (wrap it in ciclo.stateful_dataset to resume from "
                 "its iterator's state)."
             ]

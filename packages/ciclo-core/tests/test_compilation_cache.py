@@ -5,6 +5,7 @@ monitoring events); a cache the user set in JAX is kept; bad settings are clear 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -115,3 +116,15 @@ def test_bad_compilation_cache_settings_are_clear_errors(tmp_path, jax_cache_of_
     with pytest.raises(NotADirectoryError, match=r"'.*file' is a file; give a directory"):
         ciclo.checkpoint(tmp_path / "c", compilation_cache=a_file)
     assert jax.config.jax_compilation_cache_dir is None  # nothing was changed
+
+
+def test_the_cache_ends_with_the_checkpoint_s_loop(tmp_path, jax_cache_of_its_own):
+    """A later compilation is not written to the directory, which may be gone by then (a
+    temporary one): JAX would warn at each compilation."""
+    directory = tmp_path / "ckpt"
+    ckpt = ciclo.checkpoint(directory, async_save=False)
+    ciclo.loop(jax.numpy.zeros(2), [1.0, 2.0], {ciclo.every(1): lambda s, b: s + b, **ckpt})
+    assert jax.config.jax_compilation_cache_dir is None
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 1.0
+    shutil.rmtree(directory)
+    (jax.numpy.arange(4) * 11 + 3).block_until_ready()  # no warning (an error in the tests)

@@ -123,7 +123,7 @@ def test_a_dataset_that_cannot_seek_is_replayed_and_one_line_says_so(tmp_path, c
     assert drawn == list(range(STEPS))  # the consumed batches drawn again, then dropped
     lines = [line for line in capsys.readouterr().err.splitlines() if "replaying" in line]
     assert lines == [
-        f"ciclo: resuming by replaying the {CONSUMED} batches the interrupted run consumed: a "
+        f"ciclo: reaching the checkpoint's data position by replaying {CONSUMED} batches: a "
         "generator cannot seek (a sequence of batches, or a dataset with "
         "state_dict()/load_state_dict(), seeks at once)."
     ]

@@ -20,7 +20,7 @@ from .._records import _host
 from .._time._phases import CHECKPOINT, marked
 from .._time._schedules import Schedule, every
 from . import _format, _lock, _writer
-from ._compilation_cache import use_compilation_cache
+from ._compilation_cache import release_compilation_cache, use_compilation_cache
 
 __all__ = ["Checkpoint", "checkpoint"]
 
@@ -122,7 +122,8 @@ class Checkpoint(LoopCallbackBase):
             default) keeps it in ``<directory>/compilation_cache``, a path elsewhere (one
             cache shared by several runs), ``False`` leaves JAX's cache alone. It takes
             effect when the checkpoint is made: make it before the state, so that the
-            state's initialization is cached too. A cache directory you set in JAX
+            state's initialization is cached too; it ends with the checkpoint's loop.
+            A cache directory you set in JAX
             yourself (``jax_compilation_cache_dir``) is kept. With several processes,
             every process reads the cache and process 0 writes it.
 
@@ -234,7 +235,8 @@ class Checkpoint(LoopCallbackBase):
         callback's stop, else when ``save_on_end``), then waits for the writes to finish,
         raising if one failed. A background save that failed since the last step does not
         keep the final state from being saved (then only a warning says it failed). After
-        an error, only waits."""
+        an error, only waits. Ends the compilation cache this checkpoint set."""
+        release_compilation_cache(self.compilation_cache)
         with marked(CHECKPOINT):  # the blocking time, for the ledger and the watchdog
             self._end(loop_state, error)
 

@@ -24,7 +24,13 @@ from typing import Any
 import jax
 from jax.experimental.compilation_cache import compilation_cache as _jax_cache
 
-__all__ = ["CACHE_NAME", "cache_path", "use_compilation_cache", "managed_cache_directory"]
+__all__ = [
+    "CACHE_NAME",
+    "cache_path",
+    "use_compilation_cache",
+    "release_compilation_cache",
+    "managed_cache_directory",
+]
 
 #: The name of the cache's folder in a checkpoint directory (orbax reads no step in it).
 CACHE_NAME = "compilation_cache"
@@ -140,6 +146,14 @@ def use_compilation_cache(setting: Any, checkpoint_directory: str) -> str | None
         _set(_THRESHOLD, 0.0)
     _ours["dir"] = wanted
     return wanted
+
+
+def release_compilation_cache(directory: str | None) -> None:
+    """Turns ciclo's cache off (JAX's settings as they were) if it is still ``directory``:
+    called when the loop of the checkpoint that set it ends, so that later compilations of
+    the process are not written to a directory that may be deleted meanwhile."""
+    if directory is not None and _ours["dir"] == directory and _get(_DIR) == directory:
+        use_compilation_cache(False, "")
 
 
 def _threshold() -> float:

@@ -83,9 +83,9 @@ _DATASET_NOT_STATEFUL = (
     "the checkpoint holds the dataset's state_dict(), but this dataset ({kind}) has no "
     "load_state_dict(): resume with the same kind of dataset as the interrupted run."
 )
-#: The line a resume prints before it replays the batches of a dataset that cannot seek.
+#: The line printed before the batches of a dataset that cannot seek are replayed.
 _REPLAYING = (
-    "ciclo: resuming by replaying the {count} batches the interrupted run consumed: {kind} "
+    "ciclo: reaching the checkpoint's data position by replaying {count} batches: {kind} "
     "cannot seek{hint}."
 )
 _GRAIN_HINT = " (wrap it in ciclo.stateful_dataset to resume from its iterator's state)"
