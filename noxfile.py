@@ -189,8 +189,9 @@ def examples(session: nox.Session) -> None:
 
 
 def _install_bench(session: nox.Session) -> None:
-    # pytest: ciclo.testing (the loopback job of multihost_agreement.py) imports it.
-    session.install(*_packages(*ADAPTERS), "keras>=3", "pytest>=8")
+    # pytest: ciclo.testing (the loopback job of multihost_agreement.py) imports it;
+    # scikit-learn: the digits of examples/digits_cnn.py (restart.py).
+    session.install(*_packages(*ADAPTERS), "keras>=3", "pytest>=8", "scikit-learn")
 
 
 @nox.session(python=PYTHONS[0])

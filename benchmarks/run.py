@@ -32,6 +32,7 @@ SCRIPTS = [
     "equinox_step.py",
     "checkpoint_async.py",
     "checkpoint_in_training.py",
+    "restart.py",
     "placement.py",
     "multihost_agreement.py",
     "language_model.py",

@@ -113,3 +113,52 @@ def test_epochs_over_a_grain_map_dataset_are_passes_resumed_by_index(tmp_path):
     resumed, resumed_history, _ = run(dataset, resume=True)
     np.testing.assert_array_equal(resumed, state)
     assert resumed_history.collect("loss") == history.collect("loss")
+
+
+def test_a_grain_map_dataset_seeks_through_its_iterator_state_and_replays_unwrapped(
+    tmp_path, capsys
+):
+    """Wrapped in stateful_dataset, a resumed Grain pipeline restarts at the saved position:
+    no record before it goes through the pipeline again. Given as it is, it is replayed, and
+    the line that says so names the fix."""
+    import grain
+
+    read: list[int] = []
+
+    class Record(grain.transforms.Map):
+        def map(self, index):
+            read.append(int(index))
+            return np.full(2, index, np.float32)
+
+    def pipeline():
+        return grain.MapDataset.range(12).map(Record())
+
+    def run(dataset, name, crash):
+        def step(state, batch, elapsed):
+            if crash and elapsed.steps == 8:
+                raise RuntimeError("killed")
+            return state * 2 + float(np.asarray(batch).sum())
+
+        ckpt = ciclo.checkpoint(tmp_path / name, async_save=False, compilation_cache=False)
+        tasks = {ciclo.every(1): step, ciclo.every(3): ckpt}  # saves 1, 4, 7
+        return ciclo.loop(np.float64(0.0), dataset, tasks, resume=ckpt)
+
+    expected = run(pipeline(), "reference", crash=False)[0]
+    for name, wrap in (("seek", ciclo.stateful_dataset), ("replay", lambda d: d)):
+        with pytest.raises(RuntimeError, match="killed"):
+            run(wrap(pipeline()), name, crash=True)
+        read.clear()
+        capsys.readouterr()
+        state, _, elapsed = run(wrap(pipeline()), name, crash=False)
+        assert (elapsed.steps, state) == (12, expected)
+        replayed = [line for line in capsys.readouterr().err.splitlines() if "replay" in line]
+        if name == "seek":
+            assert min(read) == 7  # the 7 consumed records were not read again
+            assert replayed == []
+        else:
+            assert min(read) == 0
+            assert replayed == [
+                "ciclo: reaching the checkpoint's data position by replaying 7 batches: a "
+                "MapMapDataset cannot seek (wrap it in ciclo.stateful_dataset to resume from "
+                "its iterator's state)."
+            ]

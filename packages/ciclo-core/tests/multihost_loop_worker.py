@@ -44,12 +44,19 @@ def main(scenario: str, process: int, port: int, out_dir: str, options: dict) ->
     from ciclo.testing import join_loopback
 
     join_loopback(process, 2, port)
+    from collections import Counter
+
+    import jax
     import jax.numpy as jnp
     import numpy as np
     import optax
 
     import ciclo
 
+    cache: Counter[str] = Counter()  # what JAX's persistent compilation cache did
+    jax.monitoring.register_event_listener(
+        lambda event, **_: cache.update([event.rpartition("/")[2]] if "cache/" in event else [])
+    )
     out = Path(out_dir)
     rng = np.random.default_rng(0)
     xs = rng.normal(size=(STEPS, BATCH, DIM)).astype(np.float32)
@@ -95,6 +102,7 @@ def main(scenario: str, process: int, port: int, out_dir: str, options: dict) ->
             "reason": loop_state.stop_reason,
             "w": np.asarray(state.params["w"]).tolist(),
             "b": float(state.params["b"]),
+            "cache": dict(cache),
             **seen,
         }
         (out / f"result{process}.json").write_text(json.dumps(result))

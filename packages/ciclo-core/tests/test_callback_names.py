@@ -28,7 +28,10 @@ CALLBACKS = {
     "tqdm_bar": ("TqdmBar", "total interval file process running_mean tqdm_kwargs"),
     "throughput": ("Throughput", "steps flops_per_step peak_flops prefix"),
     "writer_logger": ("WriterLogger", "writer interval process hparams close"),
-    "checkpoint": ("Checkpoint", "directory keep monitor mode async_save save_on_end"),
+    "checkpoint": (
+        "Checkpoint",
+        "directory keep monitor mode async_save save_on_end compilation_cache",
+    ),
 }
 
 

@@ -149,6 +149,10 @@ def test_sigterm_to_one_process_stops_both_at_one_step_with_a_checkpoint(tmp_pat
 
     codes, outputs, _ = run_pair("sigterm", run, stateful=stateful)  # both resume
     check_ok(codes, outputs)
+    # process 0 wrote the compilation cache next to the checkpoints, and loads from it (on
+    # CPU the keys of the other process differ; JAX makes them alike on GPU only)
+    assert results(run)[0]["cache"].get("cache_hits", 0) > 0
+    assert list((run / "ckpt" / "compilation_cache").iterdir())
     for process, resumed in enumerate(results(run)):
         if stateful:  # each process continues its own data position
             assert resumed["loaded"] == {"process": process, "position": first["steps"]}

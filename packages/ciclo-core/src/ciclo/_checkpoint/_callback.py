@@ -20,6 +20,7 @@ from .._records import _host
 from .._time._phases import CHECKPOINT, marked
 from .._time._schedules import Schedule, every
 from . import _format, _lock, _writer
+from ._compilation_cache import release_compilation_cache, use_compilation_cache
 
 __all__ = ["Checkpoint", "checkpoint"]
 
@@ -89,8 +90,10 @@ class Checkpoint(LoopCallbackBase):
     ``StatefulDataLoader`` convention; a custom loader that can seek implements both, e.g.
     ``{"batch": n}``, and starts its next ``iter()`` there) has its state saved and loaded
     back, which also restores its shuffling exactly; a sequence (list, tuple, NumPy or JAX
-    array of batches) is resumed by index; any other iterable is iterated again and the
-    consumed batches dropped, so it must yield the same batches when re-created.
+    array of batches), or an object Python iterates by index (``__getitem__`` without
+    ``__iter__``), is resumed by index; any other iterable is iterated again and the
+    consumed batches dropped (one line on stderr says so, with the count), so it must
+    yield the same batches when re-created.
 
     Use it under any schedule of ``ciclo.loop`` (``{ciclo.every(1000): ckpt}``; spread in
     with ``**ckpt`` it saves every 10 minutes of loop time), in ``train_loop`` too
@@ -114,12 +117,23 @@ class Checkpoint(LoopCallbackBase):
             step, never lost.
         save_on_end: also save when the loop ends normally (a stop by a signal or by a
             callback always saves).
+        compilation_cache: JAX's persistent compilation cache, so that a resumed run loads
+            what the interrupted run compiled instead of compiling it again: ``True`` (the
+            default) keeps it in ``<directory>/compilation_cache``, a path elsewhere (one
+            cache shared by several runs), ``False`` leaves JAX's cache alone. It takes
+            effect when the checkpoint is made: make it before the state, so that the
+            state's initialization is cached too; it ends with the checkpoint's loop.
+            A cache directory you set in JAX
+            yourself (``jax_compilation_cache_dir``) is kept. With several processes,
+            every process reads the cache and process 0 writes it.
 
     It is path-like (``os.fspath(ckpt)`` is its directory), so it can be given where a
     checkpoint directory is expected: ``loop(..., resume=ckpt)``, ``ciclo.restore(ckpt, ...)``.
 
     Attributes:
         directory: the absolute checkpoint directory.
+        compilation_cache: the compilation cache directory in use (ciclo's, or the one you
+            set in JAX), or ``None``.
         monitor, mode, keep, async_save, save_on_end: as given.
 
     Example:
@@ -146,6 +160,7 @@ class Checkpoint(LoopCallbackBase):
         mode: str = "min",
         async_save: bool = True,
         save_on_end: bool = True,
+        compilation_cache: bool | str | os.PathLike[str] = True,
     ) -> None:
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
             raise ValueError(
@@ -169,6 +184,7 @@ class Checkpoint(LoopCallbackBase):
         self.keep, self.monitor, self.mode = keep, monitor, mode
         self.async_save, self.save_on_end = async_save, save_on_end
         _prepare_directory(self.directory)
+        self.compilation_cache = use_compilation_cache(compilation_cache, self.directory)
         self._locked = False
         self._unlock_at_exit: Any = None
         self._lock()
@@ -219,7 +235,8 @@ class Checkpoint(LoopCallbackBase):
         callback's stop, else when ``save_on_end``), then waits for the writes to finish,
         raising if one failed. A background save that failed since the last step does not
         keep the final state from being saved (then only a warning says it failed). After
-        an error, only waits."""
+        an error, only waits. Ends the compilation cache this checkpoint set."""
+        release_compilation_cache(self.compilation_cache)
         with marked(CHECKPOINT):  # the blocking time, for the ledger and the watchdog
             self._end(loop_state, error)
 

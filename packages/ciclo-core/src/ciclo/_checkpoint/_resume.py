@@ -14,11 +14,16 @@ allows:
    its own state; a checkpoint of another number of processes resumes only a dataset whose
    state is a global position that each process re-splits (:func:`is_elastic`: Grain's
    ``ElasticIterator``), and is an error naming the fix for any other.
-2. The dataset is a sequence (a list, a tuple, a NumPy or JAX array of batches): iteration
-   starts at the first batch not consumed, by index.
+2. The dataset is a sequence (a list, a tuple, a NumPy or JAX array of batches), or an
+   object that Python iterates by index (``__getitem__`` from 0 to an ``IndexError``, no
+   ``__iter__`` of its own): iteration starts at the first batch not consumed, by index.
 3. Otherwise the dataset is iterated again and the consumed batches are drawn and
-   dropped (replay); this needs a dataset that yields the same batches when re-created
-   (seeded shuffling).
+   dropped (replay), which one line on stderr says, with their count; this needs a
+   dataset that yields the same batches when re-created (seeded shuffling).
+
+Only the third replays: the first two seek at once, whatever the position (a Grain
+``DataLoader`` or ``IterDataset`` seeks through its iterator's state when wrapped in
+``ciclo.stateful_dataset``).
 
 The position of 2. and 3. counts global steps, so they resume on any number of processes
 and devices (each process feeding its part of the same global batches).
@@ -35,7 +40,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -47,7 +52,7 @@ from .._time._elapsed import Period, as_period
 from . import _format
 from ._in_place import restore_in_place
 
-__all__ = ["resume", "load_tasks", "put_back", "skip_consumed", "is_elastic"]
+__all__ = ["resume", "load_tasks", "put_back", "skip_consumed", "is_elastic", "iterated_by_index"]
 
 _CANNOT_RESPLIT = (
     "the checkpoint holds the dataset state of {saved} process(es), and this run has "
@@ -77,6 +82,15 @@ _OTHER_KIND_OF_SCHEDULE = (
 _DATASET_NOT_STATEFUL = (
     "the checkpoint holds the dataset's state_dict(), but this dataset ({kind}) has no "
     "load_state_dict(): resume with the same kind of dataset as the interrupted run."
+)
+#: The line printed before the batches of a dataset that cannot seek are replayed.
+_REPLAYING = (
+    "ciclo: reaching the checkpoint's data position by replaying {count} batches: {kind} "
+    "cannot seek{hint}."
+)
+_GRAIN_HINT = " (wrap it in ciclo.stateful_dataset to resume from its iterator's state)"
+_SEEK_HINT = (
+    " (a sequence of batches, or a dataset with state_dict()/load_state_dict(), seeks at once)"
 )
 
 
@@ -133,6 +147,16 @@ def skip_consumed(dataset: Any, position: int, state: Any) -> Iterable[Any]:
         return dataset  # type: ignore[no-any-return]
     if _format.is_sequence(dataset):
         return map(dataset.__getitem__, range(position, len(dataset)))
+    if iterated_by_index(dataset):
+        return _from_index(dataset, position)
+    if writes_here(OUTPUT_PROCESS):
+        kind = f"a {type(dataset).__name__}"
+        grain = type(dataset).__module__.split(".")[0] == "grain"
+        print(
+            _REPLAYING.format(count=position, kind=kind, hint=_GRAIN_HINT if grain else _SEEK_HINT),
+            file=sys.stderr,
+            flush=True,
+        )
     iterator: Iterator[Any] = iter(dataset)
     for consumed in range(position):
         try:
@@ -183,6 +207,37 @@ def _resplit(dataset: Any, states: list[Any]) -> Any:
                 )
             )
     return states[0]
+
+
+def iterated_by_index(dataset: Any) -> bool:
+    """Whether Python iterates ``dataset`` by index: it has ``__getitem__`` and no
+    ``__iter__`` of its own (nor is a mapping), so ``iter()`` yields ``dataset[0]``,
+    ``dataset[1]``, ... up to an ``IndexError``, and a resume can start at any index.
+
+    Example:
+        >>> class Batches:
+        ...     def __getitem__(self, i):
+        ...         if i >= 3: raise IndexError(i)
+        ...         return i * 10
+        >>> iterated_by_index(Batches()), list(skip_consumed(Batches(), 1, None))
+        (True, [10, 20])
+    """
+    kind = type(dataset)
+    return (
+        hasattr(kind, "__getitem__")
+        and not hasattr(kind, "__iter__")
+        and not isinstance(dataset, Mapping)
+    )
+
+
+def _from_index(dataset: Any, start: int) -> Iterator[Any]:
+    """``dataset[start]``, ``dataset[start + 1]``, ... up to an ``IndexError``."""
+    for index in itertools.count(start):
+        try:
+            batch = dataset[index]
+        except IndexError:
+            return
+        yield batch
 
 
 def resume(
