@@ -241,19 +241,7 @@ def loop(
             _phases_watched(loop_state, watchers) as phases,
         ):
             try:
-                run(
-                    loop_state,
-                    steps,
-                    task_list,
-                    max_steps_in_flight=max_steps_in_flight,
-                    phases=phases,
-                )
-                # A callback that stopped the engine to roll the loop back (rollback_on_nan)
-                # put back an earlier state: the engine runs again from there.
-                while not received and (batches := _restart(restarts, loop_state)) is not None:
-                    steps = counted(batches)
-                    if decisions is not None:
-                        decisions.restart(steps)
+                while True:
                     run(
                         loop_state,
                         steps,
@@ -261,6 +249,14 @@ def loop(
                         max_steps_in_flight=max_steps_in_flight,
                         phases=phases,
                     )
+                    # A callback that stopped the engine to roll the loop back
+                    # (rollback_on_nan) put back an earlier state: the engine runs again
+                    # from there.
+                    if received or (batches := _restart(restarts, loop_state)) is None:
+                        break
+                    steps = counted(batches)
+                    if decisions is not None:
+                        decisions.restart(steps)
                 if decisions is not None:
                     decisions.finish(loop_state.elapsed.steps)
                 record_ending(loop_state, stop)
