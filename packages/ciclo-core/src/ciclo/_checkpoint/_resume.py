@@ -293,6 +293,11 @@ def put_back(contents: _format.Contents, path: str, loop_state: LoopState) -> No
     the state of its schedules and stateful callbacks (the dataset is the caller's)."""
     where = f"checkpoint {contents.step} in {path!r}"
     load_tasks(loop_state.inputs.tasks, contents, where)
+    _put_back_run(contents, loop_state)
+
+
+def _put_back_run(contents: _format.Contents, loop_state: LoopState) -> None:
+    """The state, counts, history and latest logs of ``contents`` into ``loop_state``."""
     loop_state.state = restore_in_place(loop_state.state, contents.state)
     loop_state.elapsed = contents.elapsed
     loop_state.initial_elapsed = contents.initial_elapsed
@@ -322,12 +327,7 @@ def _finished(
     ``manager`` unless ``contents`` holds it), marks the loop finished and says so."""
     if contents is None:  # the final checkpoint itself, even of a non-finite state
         contents = _format.read(manager, path, step, loop_state.state, copies=False)
-    loop_state.state = restore_in_place(loop_state.state, contents.state)
-    loop_state.elapsed = contents.elapsed
-    loop_state.initial_elapsed = contents.initial_elapsed
-    loop_state.skipped_batches = contents.data_skipped
-    loop_state.history.load_state_dict(contents.history)
-    loop_state.accumulated_logs = Logs(contents.logs)
+    _put_back_run(contents, loop_state)
     loop_state.resumed = loop_state.finished = True
     loop_state.ending = ending
     if writes_here(OUTPUT_PROCESS):
