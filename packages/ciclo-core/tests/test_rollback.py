@@ -146,12 +146,14 @@ def test_a_sigkill_after_the_rollback_then_resume_ends_as_the_uninterrupted_run(
     assert resumed == rolled_back[1]
 
 
-def test_after_max_rollbacks_the_next_fault_stops_training(tmp_path, capsys):
-    # Batch 20 is step 17 once batches 11-13 are skipped.
+def test_after_max_rollbacks_the_next_fault_stops_training(tmp_path, capsys, monkeypatch):
+    # Batch 20 is step 17 once batches 11-13 are skipped. The rollback looks at every step
+    # (not every 0.1 s), so a fast machine too notices it before the stop.
+    monkeypatch.setattr(_rollback, "LOOK_SECONDS", 0.0)
     data = training.batches(poison=(training.POISON, 20))
     _, history, elapsed = training.run(str(tmp_path), data=data, max_rollbacks=1)
     assert history.collect("rollbacks") == [1]
-    assert 17 < elapsed.steps < training.STEPS
+    assert 17 < elapsed.steps < training.STEPS, elapsed.steps
     assert not math.isfinite(history.collect("loss")[-1])
     # The run ended as terminate_on_nan ends one: a resume returns it, finished.
     resumed = training.run(str(tmp_path), data=data, resume=True, max_rollbacks=1)
