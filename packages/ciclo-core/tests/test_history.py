@@ -17,15 +17,25 @@ def at_step(i: int, batch_size: int = 2) -> ciclo.Elapsed:
 
 @pytest.fixture
 def to_host_calls(monkeypatch):
-    """Counts calls of the one device->host function."""
+    """Counts the device->host transfers: a column's backlog sent as one stack, or a tree
+    of values fetched."""
     calls = []
-    real = ciclo._records._host.to_host
+    host = ciclo._records._host
+    real_send, real_to_host = host.send_stacked, host.to_host
 
-    def counting(tree):
-        calls.append(tree)
-        return real(tree)
+    def sending(values):
+        chunks = real_send(values)
+        if chunks is not None:
+            calls.append(values)
+        return chunks
 
-    monkeypatch.setattr(ciclo._records._host, "to_host", counting)
+    def fetching(tree):
+        if jax.tree_util.tree_leaves(tree):
+            calls.append(tree)
+        return real_to_host(tree)
+
+    monkeypatch.setattr(host, "send_stacked", sending)
+    monkeypatch.setattr(host, "to_host", fetching)
     return calls
 
 
@@ -194,6 +204,25 @@ def test_pending_values_are_fetched_in_bounded_batches(to_host_calls):
         history.commit(at_step(i), ciclo.logs().add_loss("loss", jnp.float32(i)))
     assert len(to_host_calls) == 10
     assert history.collect("steps", "loss") == (list(range(100)), [float(i) for i in range(100)])
+
+
+def test_a_batch_sent_lands_once_computed_without_waiting_for_a_read(monkeypatch):
+    history = ciclo.history(fetch_interval=3600.0, max_pending=32)
+    lands = []
+    real_land = ciclo._records._host.land_stacked
+    monkeypatch.setattr(
+        ciclo._records._host, "land_stacked", lambda chunks: lands.append(1) or real_land(chunks)
+    )
+    for i in range(32):
+        history.commit(at_step(i), ciclo.logs().add_loss("loss", jnp.float32(i)))
+    assert lands == []  # sent at the 32nd commit, not waited for
+    assert history.latest_since(0)["losses"]["loss"] == 31.0  # seen while on its way
+    for i in range(32, 48):  # the 48th commit looks, and the device is long done
+        history.commit(at_step(i), ciclo.logs().add_loss("loss", jnp.float32(i)))
+    assert lands == [1]
+    _, _, columns = history.numeric_since(0, ["losses.loss"], fetch=False)
+    assert columns["losses.loss"][1].tolist() == [float(i) for i in range(32)]
+    assert history.collect("loss") == [float(i) for i in range(48)]
 
 
 def test_host_values_are_stored_without_a_fetch(to_host_calls):

@@ -49,6 +49,7 @@ def spy(monkeypatch):
     # The two ways ciclo fetches: a tree, and a history column's backlog as one array.
     monkeypatch.setattr(host, "to_host", counted(host.to_host))
     monkeypatch.setattr(host, "stacked_to_host", counted(host.stacked_to_host))
+    monkeypatch.setattr(host, "land_stacked", counted(host.land_stacked))  # a sent backlog
 
     # Every host conversion of a jax.Array (np.asarray, float, bool, .item(), device_get)
     # reads its `_value` property.

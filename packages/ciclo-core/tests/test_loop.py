@@ -412,6 +412,27 @@ def test_steps_in_flight_with_non_scalar_and_zero_logs(max_steps_in_flight):
     assert [v.tolist() for v in history.collect("v")] == [[float(i)] * 2 for i in range(5)]
 
 
+@pytest.mark.parametrize(("backend", "expected"), [("cpu", 2), ("gpu", 8), ("tpu", 8)])
+def test_steps_in_flight_default_to_2_on_a_cpu_and_8_on_an_accelerator(
+    monkeypatch, backend, expected
+):
+    from ciclo._loop import _engine
+
+    limits = []
+
+    class Recorded(_engine.InFlight):
+        def __init__(self, limit):
+            limits.append(limit)
+            super().__init__(limit)
+
+    monkeypatch.setattr(_engine, "InFlight", Recorded)
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    step = jax.jit(lambda state, batch: (ciclo.logs().add_loss("l", state), state + 1.0))
+    ciclo.loop(jnp.zeros(()), ones(3), {ciclo.every(1): step})
+    ciclo.loop(jnp.zeros(()), ones(3), {ciclo.every(1): step}, max_steps_in_flight=3)
+    assert limits == [expected, 3]
+
+
 def test_donated_state_buffers_do_not_break_the_in_flight_bound():
     step = jax.jit(lambda state, batch: state + batch.sum(), donate_argnums=0)
     state, _, _ = ciclo.loop(jnp.zeros(()), ones(6), {ciclo.every(1): step}, max_steps_in_flight=1)

@@ -9,7 +9,26 @@ import jax
 
 from .._records._logs import Logs
 
-__all__ = ["InFlight", "first_array"]
+__all__ = ["InFlight", "default_steps_in_flight", "first_array"]
+
+#: Steps JAX may run ahead of Python by default. On a CPU, Python dispatching further ahead
+#: competes with XLA's threads for the same cores (8 took a small MLP from 1.04 to 1.12 of
+#: the hand-written loop on 2 cores); on an accelerator, waiting that often costs the host
+#: a sync every other step (an H200 ran the trivial and MLP loops 5-24 us a step faster
+#: with 8). See benchmarks/NOTES.md.
+CPU_STEPS_IN_FLIGHT = 2
+ACCELERATOR_STEPS_IN_FLIGHT = 8
+
+
+def default_steps_in_flight() -> int:
+    """``max_steps_in_flight`` when the loop is given none: 2 on a CPU, 8 on an accelerator.
+
+    Example:
+        >>> import jax
+        >>> default_steps_in_flight() == (2 if jax.default_backend() == "cpu" else 8)
+        True
+    """
+    return CPU_STEPS_IN_FLIGHT if jax.default_backend() == "cpu" else ACCELERATOR_STEPS_IN_FLIGHT
 
 
 class InFlight:

@@ -135,6 +135,25 @@ def _from_numpy(values: Any, typecode: str) -> array[Any]:
     return array(typecode, values)
 
 
+class _Transit:
+    """A batch of committed values on its way to the host: the rows and values per key
+    (for keys in ``sent``, only the last value), the stacked blocks' positions, and the
+    chunks sent per key (see ``_host.send_stacked``)."""
+
+    __slots__ = ("blocks", "gathered", "sent")
+
+    def __init__(
+        self,
+        gathered: dict[tuple[str, str], tuple[list[int], list[Any]]],
+        blocks: dict[tuple[str, str], list[int]],
+        sent: dict[tuple[str, str], _host.Chunks],
+    ) -> None:
+        self.gathered, self.blocks, self.sent = gathered, blocks, sent
+
+    def sent_chunks(self) -> _host.Chunks:
+        return [chunk for chunks in self.sent.values() for chunk in chunks]
+
+
 _NOT_STACKED = (
     "commit_many: log entry {entry!r} has shape {shape}; every value must be stacked along "
     "axis 0 with one row per elapsed ({count} rows)."
@@ -148,7 +167,9 @@ class History:
     commits, at most ``fetch_interval`` seconds after the first one, or when read, so
     committing never forces a per-step sync. (A backlog of thousands of live device arrays
     costs the steps more than fetching it: 4096 pending added ~2.4 µs a step on the
-    trivial-step benchmark against 256.)
+    trivial-step benchmark against 256.) A batch is sent to the host when due and lands in
+    the columns later (once the device has computed it, at the latest with the next batch
+    or a read), so the host does not wait for the device at a fetch either.
 
     Example:
         >>> import ciclo
@@ -180,6 +201,7 @@ class History:
         self._blocks: dict[tuple[str, str], list[int]] = {}  # positions of stacked blocks
         self._num_pending = 0  # commits waiting
         self._pending_since = 0.0
+        self._transit: _Transit | None = None  # the batch sent, not landed yet
 
     # --- writing -------------------------------------------------------------------------
     # Committed values wait, still on device, in one (rows, values) pair of lists per key;
@@ -208,13 +230,12 @@ class History:
         if not logs:
             return
         if not self._num_pending:
-            if not any(
+            if self._transit is None and not any(
                 _host.is_device_array(v) for values in logs.values() for v in values.values()
             ):  # host values only, nothing waiting: stored at once
                 self._store(
                     {(c, n): ([row], [v]) for c, values in logs.items() for n, v in values.items()},
                     {},
-                    fetch=False,
                 )
                 return
             self._pending_since = _time.monotonic()
@@ -228,11 +249,15 @@ class History:
                 slot[1].append(value)
         self._num_pending = waiting = self._num_pending + 1
         # The clock is read every 16 commits (once per step costs more): a fetch is due when
-        # fetch_interval has passed, and happens at most 15 commits later.
-        if waiting >= self.max_pending or (
-            waiting & 15 == 0 and _time.monotonic() - self._pending_since >= self.fetch_interval
-        ):
-            self.fetch()
+        # fetch_interval has passed, and happens at most 15 commits later. A batch sent
+        # lands as soon as the device has computed it, looked at every 16 commits too.
+        if waiting >= self.max_pending:
+            self._send()
+        elif waiting & 15 == 0:
+            if _time.monotonic() - self._pending_since >= self.fetch_interval:
+                self._send()
+            elif self._transit is not None and _host.is_landed(self._transit.sent_chunks()):
+                self._land()
 
     def commit_many(
         self, elapsed: Sequence[Elapsed], logs: Mapping[str, Mapping[str, Any]]
@@ -262,7 +287,7 @@ class History:
             self._num_pending >= self.max_pending
             or _time.monotonic() - self._pending_since >= self.fetch_interval
         ):
-            self.fetch()
+            self._send()
 
     def add_to_last_row(self, logs: Mapping[str, Mapping[str, Any]]) -> None:
         """Adds entries the last row does not hold yet (what a step owed when a stop cut
@@ -284,35 +309,53 @@ class History:
         held = [f"{c}.{n}" for c, n in entries if self._column_for((c, n), row).value_at(row)[0]]
         if held:
             raise ValueError(f"add_to_last_row: the last row already holds {held}.")
-        self._store(entries, {}, fetch=True)
+        self._store(entries, {}, _host.to_host({k: v for k, (_, v) in entries.items()}))
 
     def fetch(self) -> None:
         """Fetches all pending device values to the host (batched, see ``_host.to_host``)."""
+        self._send()
+        self._land()
+
+    def _send(self) -> None:
+        """Sends the pending values towards the host (a column's backlog of same-shaped
+        device values as one stack), after landing the batch sent before."""
+        if self._transit is not None:
+            self._land()
         if not self._num_pending:
             return
         pending, blocks = self._pending, self._blocks
         self._pending, self._blocks, self._num_pending = {}, {}, 0
-        self._store(pending, blocks, fetch=True)
+        sent = {}
+        for key, (rows, values) in pending.items():
+            chunks = None if key in blocks else _host.send_stacked(values)
+            if chunks is not None:
+                sent[key] = chunks
+                pending[key] = (rows, values[-1:])  # the last (latest_since), not all alive
+        self._transit = _Transit(pending, blocks, sent)
+
+    def _land(self) -> None:
+        """Puts the batch sent into the columns (waiting for what the device still owes)."""
+        transit, self._transit = self._transit, None
+        if transit is None:
+            return
+        gathered, sent = transit.gathered, transit.sent
+        values_by_key: dict[tuple[str, str], Any] = {
+            key: _host.land_stacked(chunks) for key, chunks in sent.items()
+        }
+        rest = {key: values for key, (_, values) in gathered.items() if key not in sent}
+        if rest:
+            values_by_key.update(_host.to_host(rest))
+        self._store(gathered, transit.blocks, values_by_key)
 
     def _store(
         self,
         gathered: dict[tuple[str, str], tuple[list[int], list[Any]]],
         blocks: dict[tuple[str, str], list[int]],
-        *,
-        fetch: bool,
+        values_by_key: dict[tuple[str, str], Any] | None = None,
     ) -> None:
-        values_by_key: dict[tuple[str, str], Any] = {}
-        if fetch:
-            # A column's backlog of same-shaped device values comes back as one array.
-            rest = {}
-            for key, (_, values) in gathered.items():
-                stacked = None if key in blocks else _host.stacked_to_host(values)
-                if stacked is None:
-                    rest[key] = values
-                else:
-                    values_by_key[key] = stacked
-            values_by_key.update(_host.to_host(rest))
-        else:
+        """Extends the columns by ``gathered`` (``values_by_key``: their values on the host,
+        when ``gathered`` holds device values)."""
+        if values_by_key is None:
             values_by_key = {key: values for key, (_, values) in gathered.items()}
         for pair, (rows, _) in gathered.items():
             values = values_by_key[pair]
@@ -365,6 +408,7 @@ class History:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Replaces every row by those of a :meth:`state_dict` (pending values are dropped)."""
         self._pending, self._blocks, self._num_pending = {}, {}, 0
+        self._transit = None
         self._num_rows = int(state["num_rows"])
         self._elapsed = {
             field: _from_numpy(state["elapsed"][field], "d" if field in ("time", "date") else "q")
@@ -564,13 +608,17 @@ class History:
                 last = column.rows[-1] if column.rows is not None else end
                 if last >= row:
                     found[(collection, name)] = (last, column.values[-1])
-        for pair, (rows, values) in self._pending.items():
-            if rows[-1] >= row:
-                value = values[-1]
-                blocks = self._blocks.get(pair)
-                if blocks and blocks[-1] == len(values) - 1:
-                    value = value[-1]  # the last row of a stacked block
-                found[pair] = (rows[-1], value)
+        waiting = [(self._pending, self._blocks)]
+        if self._transit is not None:
+            waiting.insert(0, (self._transit.gathered, self._transit.blocks))
+        for pending, all_blocks in waiting:
+            for pair, (rows, values) in pending.items():
+                if rows[-1] >= row:
+                    value = values[-1]
+                    blocks = all_blocks.get(pair)
+                    if blocks and blocks[-1] == len(values) - 1:
+                        value = value[-1]  # the last row of a stacked block
+                    found[pair] = (rows[-1], value)
         out = Logs()
         for (collection, name), (_, value) in sorted(found.items(), key=lambda kv: kv[1][0]):
             out.add_entry(collection, name, value)

@@ -16,7 +16,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["to_host", "stacked_to_host", "is_device_array"]
+__all__ = [
+    "Chunks",
+    "is_device_array",
+    "is_landed",
+    "land_stacked",
+    "send_stacked",
+    "stacked_to_host",
+    "to_host",
+]
 
 T = TypeVar("T")
 
@@ -45,34 +53,42 @@ def _group_key(array: jax.Array) -> Any:
 
 
 def _fetch_group(arrays: list[jax.Array]) -> list[np.ndarray]:
-    return list(_fetch_stacked(arrays))
+    return list(land_stacked(_send_chunks(arrays)))
 
 
-def _fetch_stacked(arrays: list[jax.Array]) -> np.ndarray:
-    """Same-shaped arrays, stacked on device in chunks and fetched: one NumPy array."""
+#: Stacked chunks on their way to the host: ``(count, chunk)``, the first ``count`` rows of
+#: each chunk real (the rest pads it to a chunk size).
+Chunks = list[tuple[int, jax.Array]]
+
+
+def _send_chunks(arrays: list[jax.Array]) -> Chunks:
+    """Same-shaped arrays stacked on device in chunks, each chunk's copy to the host started
+    (nothing waits for the device)."""
     chunks = []
     large, small = _CHUNKS
     start = 0
     while start < len(arrays):
         size = large if len(arrays) - start >= large else small
         part = arrays[start : start + size]
-        padded = part + [part[0]] * (size - len(part))
-        chunks.append((len(part), _stack(*padded)))
+        chunk = _stack(*part, *[part[0]] * (size - len(part)))
+        chunk.copy_to_host_async()
+        chunks.append((len(part), chunk))
         start += size
-    parts = [fetched[:count] for count, fetched in jax.device_get(chunks)]
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return chunks
 
 
-def stacked_to_host(values: list[Any]) -> np.ndarray | None:
-    """``values`` fetched as one NumPy array stacked along a new axis 0, when they are at
-    least a few device arrays of one shape and dtype (a history column's backlog); else
-    ``None`` (fetch them with :func:`to_host`).
+def send_stacked(values: list[Any]) -> Chunks | None:
+    """Starts moving ``values`` to the host as one stack, when they are at least a few device
+    arrays of one shape and dtype (a history column's backlog); else ``None`` (fetch them
+    with :func:`to_host`). :func:`land_stacked` waits for them: in between, the host runs
+    on and the device works through its queue, so nothing stalls the steps.
 
     Example:
         >>> import jax.numpy as jnp
-        >>> stacked_to_host([jnp.float32(i) for i in range(10)]).tolist()
+        >>> chunks = send_stacked([jnp.float32(i) for i in range(10)])
+        >>> land_stacked(chunks).tolist()
         [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
-        >>> stacked_to_host([1.0, 2.0]) is None
+        >>> send_stacked([1.0, 2.0]) is None
         True
     """
     if len(values) < _MIN_GROUP:
@@ -85,9 +101,34 @@ def stacked_to_host(values: list[Any]) -> np.ndarray | None:
         if not isinstance(value, jax.Array) or _group_key(value) != key:
             return None
     try:
-        return _fetch_stacked(values)
+        return _send_chunks(values)
     except (ValueError, TypeError, RuntimeError):  # e.g. not stackable across devices
         return None
+
+
+def is_landed(chunks: Chunks) -> bool:
+    """Whether the device has computed every chunk (landing them then hardly waits)."""
+    # ArrayImpl.is_ready: not in jax.Array's type stubs
+    return all(chunk.is_ready() for _, chunk in chunks)  # type: ignore[attr-defined]
+
+
+def land_stacked(chunks: Chunks) -> np.ndarray:
+    """The values :func:`send_stacked` sent, as one NumPy array (waits for the copies)."""
+    parts = [fetched[:count] for count, fetched in jax.device_get(chunks)]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def stacked_to_host(values: list[Any]) -> np.ndarray | None:
+    """``values`` fetched as one NumPy array stacked along a new axis 0, or ``None``: what
+    :func:`send_stacked` then :func:`land_stacked` give, at once.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> stacked_to_host([jnp.float32(i) for i in range(10)]).tolist()
+        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
+    """
+    chunks = send_stacked(values)
+    return None if chunks is None else land_stacked(chunks)
 
 
 def to_host(tree: T) -> T:
