@@ -149,6 +149,7 @@ def machine_info() -> dict[str, str]:
         "cpus": str(os.cpu_count()),
         "jax": jax.__version__,
         "backend": jax.default_backend(),
+        "device": jax.devices()[0].device_kind,
     }
     for module in ("flax", "haiku", "equinox", "optax", "orbax.checkpoint", "keras"):
         try:

@@ -5,6 +5,7 @@ python benchmarks/run.py --tiny     # a few iterations of each, to keep them fro
 python benchmarks/run.py --before ../ciclo-0.1   # also the engine's benchmarks on a checkout
                                                  # of an earlier ciclo, in the same run
 python benchmarks/run.py --only language_model.py   # replaces only that script's rows
+python benchmarks/run.py --results gpu.md           # writes another file (another machine)
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 SCRIPTS = [
     "loop_overhead.py",
+    "overhead_parts.py",
     "step_profile.py",
     "fused_steps.py",
     "keras_fit.py",
@@ -69,6 +71,27 @@ def _overhead(row: dict) -> str:
 def _load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f}, {five:.2f}, {fifteen:.2f} (1, 5, 15 min)"
+
+
+def gpu_section(path: Path) -> list[str]:
+    """RESULTS.md's section of a GPU's results, ``path`` (a results file that ``run.py
+    --results`` wrote on a GPU machine): its machine, its table (each benchmark named with
+    "(GPU)", so that a rerun of the CPU rows with --only leaves it) and its other
+    measurements."""
+    if not path.exists():
+        return []
+    lines = ["## On a GPU", "", f"From `{path.name}` (`run.py --results` on the GPU machine).", ""]
+    for line in path.read_text().splitlines():
+        if line.startswith("## ") and not line.startswith(("## Timings", "## Other")):
+            break  # notes, if any: this file's own
+        if line.startswith("| ") and not line.startswith("| benchmark |"):
+            first, rest = line[2:].split(" | ", 1)
+            line = f"| {first} (GPU) | {rest}"
+        if line.startswith(("- ", "|")):
+            lines.append(line)
+        elif line.startswith("## ") and lines[-1] != "":
+            lines.append("")
+    return [*lines, ""]
 
 
 def _other(row: dict) -> str:
@@ -122,6 +145,11 @@ def main() -> None:
         help="a checkout of an earlier ciclo: the engine's benchmarks (BEFORE_SCRIPTS) also run "
         "on its ciclo-core, in the same run, their rows marked '(before)'",
     )
+    parser.add_argument(
+        "--results",
+        default=str(HERE / "RESULTS.md"),
+        help="the results file to write (another one for another machine, e.g. a GPU's)",
+    )
     args = parser.parse_args()
     scripts = [s for s in SCRIPTS if (HERE / s).exists() and (not args.only or s in args.only)]
     failures = []
@@ -168,7 +196,7 @@ def main() -> None:
     if args.tiny:
         print(f"{len(rows)} rows from {len(scripts)} benchmark scripts (tiny: RESULTS.md kept)")
         return
-    results = HERE / "RESULTS.md"
+    results = Path(args.results)
     if args.only and results.exists():
         note = (
             f"{', '.join(scripts)} rerun alone: load average {load_before} before, {_load()} after"
@@ -191,11 +219,14 @@ def main() -> None:
         lines += ["", "## Other measurements", ""]
         for r in other:
             lines.append("- " + ", ".join(f"{k}: {v}" for k, v in r.items()))
+    gpu = gpu_section(HERE / "RESULTS_gpu.md")
+    if gpu:
+        lines += ["", *gpu[:-1]]
     notes = HERE / "NOTES.md"
-    if notes.exists():
+    if notes.exists() and results == HERE / "RESULTS.md":  # another machine's: no notes
         lines += ["", notes.read_text().strip()]
-    (HERE / "RESULTS.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {HERE / 'RESULTS.md'}")
+    results.write_text("\n".join(lines) + "\n")
+    print(f"wrote {results}")
 
 
 if __name__ == "__main__":
