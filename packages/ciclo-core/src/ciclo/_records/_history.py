@@ -328,7 +328,9 @@ class History:
         sent = {}
         for key, (rows, values) in pending.items():
             chunks = None if key in blocks else _host.send_stacked(values)
-            if chunks is not None:
+            if chunks is None:  # fetched one by one when landed: their copies start now
+                _host.start_copies(values)
+            else:
                 sent[key] = chunks
                 pending[key] = (rows, values[-1:])  # the last (latest_since), not all alive
         self._transit = _Transit(pending, blocks, sent)

@@ -23,6 +23,7 @@ __all__ = [
     "land_stacked",
     "send_stacked",
     "stacked_to_host",
+    "start_copies",
     "to_host",
 ]
 
@@ -104,6 +105,13 @@ def send_stacked(values: list[Any]) -> Chunks | None:
         return _send_chunks(values)
     except (ValueError, TypeError, RuntimeError):  # e.g. not stackable across devices
         return None
+
+
+def start_copies(values: list[Any]) -> None:
+    """Starts the copy to the host of each device array of ``values`` (nothing waits)."""
+    for value in values:
+        if isinstance(value, jax.Array):
+            value.copy_to_host_async()
 
 
 def is_landed(chunks: Chunks) -> bool:
