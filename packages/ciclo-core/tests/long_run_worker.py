@@ -86,6 +86,7 @@ def main(scenario: str, out: Path, options: dict, process: int | None, port: int
         tasks.update(ciclo.watchdog(**options["watchdog"]))
         per_step.append(ciclo.writer_logger(FileWriter(out / "events.jsonl")))
     resume = out / "ckpt" if "checkpoint_every" in options else None
+    time.sleep(options.get("startup_sleep", 0.0))  # a longer start-up than the imports alone
     _, history, elapsed = ciclo.loop(
         jax.numpy.zeros(()),
         data,

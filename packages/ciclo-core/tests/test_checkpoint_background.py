@@ -5,7 +5,6 @@ checkpoint holds the state of the step that saved, whatever the loop does afterw
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -97,14 +96,17 @@ def test_a_save_failing_on_the_writer_thread_is_raised_at_the_next_step(
 
     monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", full_disk)
     seen: list[int] = []
+    ckpt = ciclo.checkpoint(tmp_path)
 
     def step(state: Any, batch: Any, elapsed: ciclo.Elapsed) -> None:
         seen.append(elapsed.steps)
         if elapsed.steps == 1:  # checkpoint 1 (saved at the end of step 0) fails meanwhile
             assert written.wait(timeout=30)
-            time.sleep(0.05)
+            # all_steps waits for the write to end (it keeps the error): the failure has
+            # surely reached the writer's record, however slow the (low-priority) thread
+            ckpt.all_steps()
 
-    tasks = {ciclo.every(1): step, ciclo.every(1000): ciclo.checkpoint(tmp_path)}
+    tasks = {ciclo.every(1): step, ciclo.every(1000): ckpt}
     with pytest.raises(
         RuntimeError,
         match=r"writing checkpoint 1 to .* failed in the background: OSError\(28, 'No space.*"

@@ -171,13 +171,17 @@ def test_resume_after_a_nan_stop_starts_from_the_newest_finite_checkpoint(tmp_pa
 # --- one writer per directory -----------------------------------------------------------------
 WRITER = textwrap.dedent(
     """
-    import sys, time
+    import os, sys, time
     import jax.numpy as jnp, numpy as np
     import ciclo
+
+    hold = sys.argv[3] if len(sys.argv) > 3 else None
 
     def slow(state, batch):
         time.sleep(0.1)
         print("step", flush=True)
+        while hold is not None and os.path.exists(hold):  # until the test lets it go on
+            time.sleep(0.02)
         return None, state + 1.0
 
     ckpt = ciclo.checkpoint(sys.argv[1], keep=2)
@@ -187,9 +191,9 @@ WRITER = textwrap.dedent(
 )
 
 
-def _writer(directory: Path, steps: int) -> subprocess.Popen[str]:
+def _writer(directory: Path, steps: int, *hold: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(directory), str(steps)],
+        [sys.executable, "-c", WRITER, str(directory), str(steps), *map(str, hold)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -199,7 +203,11 @@ def _writer(directory: Path, steps: int) -> subprocess.Popen[str]:
 
 @pytest.mark.slow
 def test_a_second_writer_fails_at_once_and_the_first_finishes_intact(tmp_path: Path) -> None:
-    first = _writer(tmp_path, 40)
+    # The first run holds at its first step until the second has failed: however slow the
+    # second's start (importing JAX), the first has not finished and released the lock.
+    hold = tmp_path.with_name(f"{tmp_path.name}.hold")
+    hold.touch()
+    first = _writer(tmp_path, 40, hold)
     try:
         assert first.stdout is not None
         assert first.stdout.readline().startswith("step")  # the first run writes
@@ -210,8 +218,10 @@ def test_a_second_writer_fails_at_once_and_the_first_finishes_intact(tmp_path: P
         assert second.returncode != 0
         assert f"checkpoint directory {str(tmp_path)!r} is in use by another run" in err
         assert f"process {first.pid} on host" in err
+        hold.unlink()  # the first run goes on
         out, err = first.communicate(timeout=120)
     finally:
+        hold.unlink(missing_ok=True)
         first.kill()
     assert first.returncode == 0, err
     assert out.rstrip().endswith("done")
@@ -317,13 +327,15 @@ def test_a_background_save_error_surfaces_at_the_next_step(
 
     monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", finalize)
     seen: list[int] = []
+    ckpt = ciclo.checkpoint(tmp_path)
 
     def step(state: Any, batch: Any, elapsed: ciclo.Elapsed) -> Any:
         seen.append(elapsed.steps)
-        time.sleep(0.2)  # the background write fails meanwhile
+        if elapsed.steps == 1:  # the background write fails meanwhile: all_steps waits for
+            ckpt.all_steps()  # it to end (keeping its error), however slow the writer thread
         return None, state + 1.0
 
-    tasks = {ciclo.every(1): step, ciclo.every(1000): ciclo.checkpoint(tmp_path)}
+    tasks = {ciclo.every(1): step, ciclo.every(1000): ckpt}
     with pytest.raises(RuntimeError, match=r"writing checkpoint 1 .* failed in the background"):
         ciclo.loop(jnp.zeros(2), range(50), tasks)
     assert len(seen) <= 3  # not at the next checkpoint (step 1000): within a step or two
