@@ -3,12 +3,13 @@ and after which ones each evaluation set is evaluated."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._loop._state import LoopState
 from .._time._elapsed import Elapsed
-from .._time._schedules import Schedule, every
+from .._time._schedules import Due, Schedule, every
 from ._epochs import PassEnds
 from ._registry import Hook
 
@@ -33,7 +34,9 @@ class EpochClock:
     checkpoints): being schedules rather than callbacks, they do not split a fused group
     of steps. Whichever of them the loop asks first at a step makes the step's decision
     (from the ``loop_state`` that the :attr:`bind` hook attaches in ``on_start``); the others read
-    it, so the order in which they are asked does not matter.
+    it, so the order in which they are asked does not matter. When every period is in steps,
+    they plan (:meth:`next_due`): between two boundaries nothing happens, and the loop does
+    not ask them.
 
     Args:
         epoch: the epoch's ``(unit, amount)`` (see ``_time._periods.period_unit``), a
@@ -67,6 +70,7 @@ class EpochClock:
         self.begun = self.ended = False  # the decided step begins / ends an epoch
         self.due = dict.fromkeys(tests, False)  # the decided step is followed by evaluation
         self._step: Elapsed | None = None  # the step decided last (its count before it)
+        self._after: Elapsed | None = None  # and its count after it
         # A stop cut the evaluation of the decided step: the sets still to evaluate after
         # it, and whether it ended an epoch (see cut); the later tasks of the step then
         # do not fire, and a resumed run runs them first (see owed).
@@ -92,7 +96,7 @@ class EpochClock:
             return
         assert self._loop_state is not None, "the clock is bound in on_start"
         self._step = elapsed
-        after = self._loop_state.elapsed_after_step()
+        self._after = after = self._loop_state.elapsed_after_step()
         if self.first:
             if self.epoch is None:
                 self.begun = True
@@ -111,6 +115,42 @@ class EpochClock:
         self.ended = self._epoch_schedule(after) if self._epoch_schedule else False
         for name, test in self._test_schedules.items():
             self.due[name] = test(after) if test else self.ended
+
+    def next_due(self) -> Due | None:
+        """When the decision can next be other than "nothing happens", asked right after a
+        decision: the next step, when this one ended an epoch (the next begins one); else the
+        step whose count after it reaches the next boundary of a period, when all are in
+        steps (``None``, ask at every step, when one is not: samples, time, passes).
+
+        Example:
+            >>> import ciclo
+            >>> clock = EpochClock(("steps", 5), {"test": None})
+            >>> loop_state = ciclo.LoopState(None, ciclo.history(), ciclo.Elapsed.create())
+            >>> clock.attach(loop_state)
+            >>> for elapsed, batch in ciclo.elapse([[0.0]] * 2):
+            ...     loop_state.elapsed, loop_state.batch = elapsed, batch
+            ...     clock.decide(elapsed)
+            >>> clock.next_due()  # the step whose count after it is 5 ends the epoch
+            Due(steps=4, samples=inf, every_step=False)
+        """
+        if self._step is None or self._after is None:
+            return None
+        boundary = math.inf
+        for schedule in self.schedules():
+            due = schedule.next_due(self._after)
+            if due is None or due.every_step or due.samples != math.inf:
+                return None  # not all in steps: what `passed` could not tell them
+            boundary = min(boundary, due.steps)
+        if self.ended or self.owed:  # the next step begins an epoch, or runs what is owed
+            return Due(steps=self._step.steps + 1)
+        return Due(steps=boundary - 1)  # the step whose count after it reaches the boundary
+
+    def passed(self, elapsed: Elapsed) -> None:
+        """The loop went past the step counted ``elapsed`` without asking: the periods (all in
+        steps, as :meth:`next_due` planned them) saw the count after it."""
+        after = Elapsed(elapsed.steps + 1, elapsed.samples, elapsed.time, elapsed.date)
+        for schedule in self.schedules():
+            schedule.passed(after)
 
     def cut(self, name: str) -> None:
         """A stop cut the evaluation of set ``name`` at the decided step: it, the sets due
@@ -161,6 +201,12 @@ class _ClockSchedule(Schedule):
         self.clock.decide(elapsed)
         return False
 
+    def next_due(self, elapsed: Elapsed) -> Due | None:
+        return self.clock.next_due()
+
+    def passed(self, elapsed: Elapsed) -> None:
+        self.clock.passed(elapsed)
+
     def children(self) -> tuple[Schedule, ...]:
         return self.clock.schedules()
 
@@ -194,6 +240,9 @@ class _Flag(Schedule):
     def __call__(self, elapsed: Elapsed) -> bool:
         self.clock.decide(elapsed)
         return bool(self.get())
+
+    def next_due(self, elapsed: Elapsed) -> Due | None:
+        return self.clock.next_due()  # the clock's schedule tells its periods what passed
 
     def children(self) -> tuple[Schedule, ...]:
         return self.inner
