@@ -18,7 +18,6 @@ from ._units import check_amount
 __all__ = ["Elapsed", "Period", "at", "elapse", "default_batch_size", "checked_batch_size_fn"]
 
 _new = object.__new__
-_set = object.__setattr__  # frozen dataclass fields are set this way; done by hand per step
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -54,10 +53,10 @@ class Elapsed:
         # Once per step: built without the dataclass __init__ (same fields, same checks).
         now = _time.time()
         new = _new(Elapsed)
-        _set(new, "steps", self.steps + 1)
-        _set(new, "samples", self.samples + batch_size)
-        _set(new, "time", self.time + (now - self.date) if time is None else time)
-        _set(new, "date", now)
+        _set_steps(new, self.steps + 1)
+        _set_samples(new, self.samples + batch_size)
+        _set_time(new, self.time + (now - self.date) if time is None else time)
+        _set_date(new, now)
         return new
 
     def __ge__(self, other: object) -> bool:
@@ -100,6 +99,12 @@ class Elapsed:
         """``{"steps": ..., "samples": ..., "time": ..., "date": ...}``."""
         return {"steps": self.steps, "samples": self.samples, "time": self.time, "date": self.date}
 
+
+# The setters of Elapsed's slots: a frozen dataclass's fields are set this way, once per
+# step, by hand (0.29 us for the four, against 0.40 through object.__setattr__).
+_set_steps, _set_samples, _set_time, _set_date = (
+    Elapsed.__dict__[field].__set__ for field in ("steps", "samples", "time", "date")
+)
 
 _PERIOD_FIELDS = ("steps", "samples", "time", "date")
 
@@ -319,15 +324,15 @@ class elapse(Iterator[tuple[Elapsed, Any]]):
         pending = self._pending
         if pending is not _NOTHING:  # count the previous batch: Elapsed.update, inlined
             new = _new(Elapsed)
-            _set(new, "steps", elapsed.steps + 1)
-            _set(new, "samples", elapsed.samples + self._batch_size_fn(pending))
+            _set_steps(new, elapsed.steps + 1)
+            _set_samples(new, elapsed.samples + self._batch_size_fn(pending))
             if self._clock:
                 now = _time.time()
-                _set(new, "time", elapsed.time + (now - elapsed.date))
-                _set(new, "date", now)
+                _set_time(new, elapsed.time + (now - elapsed.date))
+                _set_date(new, now)
             else:
-                _set(new, "time", elapsed.time)
-                _set(new, "date", elapsed.date)
+                _set_time(new, elapsed.time)
+                _set_date(new, elapsed.date)
             elapsed = self.elapsed = new
             self._pending = _NOTHING
         if elapsed.steps >= self._pause_at:
