@@ -47,6 +47,12 @@ OVERHEAD_TARGETS = {
 }
 
 
+@jax.jit
+def trivial_step(state, batch):
+    """The trivial step: ``x + 1``, with one metric."""
+    return ciclo.logs().add_metric("x", state), state + 1
+
+
 def mlp_setup(steps: int):
     rng = np.random.default_rng(0)
     batches = [
@@ -188,14 +194,10 @@ _NULL = _Null()
 def main() -> None:
     args = parse_args(__doc__ or "")
 
-    @jax.jit
-    def trivial(state, batch):
-        return ciclo.logs().add_metric("x", state), state + 1
-
     steps = 50 if args.tiny else 5000
     rows = overhead_rows(
         "trivial step (x + 1)" if not args.tiny else "trivial step (tiny)",
-        candidates(jnp.zeros(()), [np.zeros((1,), np.float32)] * steps, trivial),
+        candidates(jnp.zeros(()), [np.zeros((1,), np.float32)] * steps, trivial_step),
         repeats=2 if args.tiny else 15,
         steps=steps,
     )

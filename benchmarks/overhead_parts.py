@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from _harness import compare, emit, parse_args
-from loop_overhead import mlp_setup
+from loop_overhead import mlp_setup, trivial_step
 
 import ciclo
 from ciclo._loop._in_flight import InFlight
@@ -83,16 +83,12 @@ def candidates(state: Any, dataset: list, step: Callable) -> dict[str, Callable[
 def main() -> None:
     args = parse_args(__doc__ or "")
 
-    @jax.jit
-    def trivial(state, batch):
-        return ciclo.logs().add_metric("x", state), state + 1
-
     steps = 50 if args.tiny else 5000
     trivial_data = [np.zeros((1,), np.float32)] * steps
     repeats = 2 if args.tiny else 9
     rows = compare(
         f"overhead parts, trivial step ({jax.default_backend()})",
-        candidates(jnp.zeros(()), trivial_data, trivial),
+        candidates(jnp.zeros(()), trivial_data, trivial_step),
         repeats=repeats,
         per=steps,
         unit="us",
