@@ -73,6 +73,17 @@ def test_resume_with_different_tasks_is_a_clear_error(tmp_path: Path) -> None:
         ciclo.loop(0, range(5), other, resume=tmp_path)
 
 
+def test_resuming_with_a_ledger_the_run_did_not_have_names_it(tmp_path: Path) -> None:
+    tasks = {ciclo.every(1): lambda s: s + 1, ciclo.every(2): ciclo.checkpoint(tmp_path)}
+    ciclo.loop(0, range(3), tasks, stop_signals=())
+    with pytest.raises(
+        ValueError,
+        match=r"2 tasks; this loop has 3\. This loop's stateful callbacks \['Goodput'\] are not "
+        r"in the checkpoint: .* joins a run from its start, or a new run\. Resume with the same",
+    ):
+        ciclo.loop(0, range(5), {**tasks, **ciclo.goodput()}, resume=tmp_path)
+
+
 def test_resume_after_the_run_finished_does_nothing_more(tmp_path: Path) -> None:
     tasks = {ciclo.every(1): lambda s: s + 1, ciclo.every(10): ciclo.checkpoint(tmp_path)}
     ciclo.loop(0, range(4), tasks)

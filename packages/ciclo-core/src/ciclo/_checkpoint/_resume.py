@@ -75,6 +75,15 @@ _SAME_TASKS_FIX = (
     "Resume with the same tasks (schedules and callbacks, in the same order) as the "
     "interrupted run."
 )
+_TASKS_DIFFER = (
+    "{where} was written by a loop with {saved} tasks; this loop has {count}.{which} "
+    + _SAME_TASKS_FIX
+)
+_CALLBACKS_ADDED = (
+    " This loop's stateful callbacks {added} are not in the checkpoint: a callback that "
+    "keeps state (a ciclo.goodput() ledger, early stopping, a logger) joins a run from "
+    "its start, or a new run."
+)
 _OTHER_KIND_OF_SCHEDULE = (
     "cannot restore schedule {schedule!r} (task {task}) from {where}: the checkpoint holds the "
     "state of another kind of schedule there ({saved}). " + _SAME_TASKS_FIX
@@ -104,9 +113,16 @@ def load_tasks(
     """
     saved_schedules = contents.schedules
     if len(saved_schedules) != len(tasks):
+        saved_names = {name for name, _ in contents.callbacks}
+        names = [_format.callback_name(owner) for owner in _format.stateful_callbacks(tasks)]
+        added = [name for name in names if name not in saved_names]
         raise ValueError(
-            f"{where} was written by a loop with {len(saved_schedules)} tasks; this loop has "
-            f"{len(tasks)}. {_SAME_TASKS_FIX}"
+            _TASKS_DIFFER.format(
+                where=where,
+                saved=len(saved_schedules),
+                count=len(tasks),
+                which=_CALLBACKS_ADDED.format(added=added) if added else "",
+            )
         )
     for i, ((schedule, _), saved) in enumerate(zip(tasks, saved_schedules, strict=True)):
         try:
