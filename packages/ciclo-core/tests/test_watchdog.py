@@ -156,3 +156,18 @@ def test_a_healthy_run_is_not_disturbed_and_the_thread_ends_with_the_loop():
     assert state == 20
     assert dog._monitor is None
     assert not [t for t in threading.enumerate() if "deadlines" in t.name]
+
+
+def test_a_resumed_run_may_add_or_leave_out_a_watchdog(tmp_path):
+    # A checkpoint holds nothing of a watchdog: an operator adds one to a run that hung.
+    def step(state, batch):
+        return state + 1
+
+    tasks = {ciclo.every(1): step, ciclo.every(2): ciclo.checkpoint(tmp_path, async_save=False)}
+    watched = {**tasks, **ciclo.watchdog(step_timeout=60)}
+    data = [np.ones(1)] * 9
+    ciclo.loop(0, data, tasks, stop=4, stop_signals=())
+    state, _, elapsed = ciclo.loop(0, data, watched, stop=6, resume=tmp_path, stop_signals=())
+    assert (state, elapsed.steps) == (6, 6)  # added
+    state, _, elapsed = ciclo.loop(0, data, tasks, resume=tmp_path, stop_signals=())
+    assert (state, elapsed.steps) == (9, 9)  # left out again

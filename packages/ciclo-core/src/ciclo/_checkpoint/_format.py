@@ -39,7 +39,8 @@ field                what it holds
                      (``LoopState.skipped_batches``; written when not 0, absent: 0).
 ``state_leaves``     ``[path, kind, shape, dtype, saved]`` for each leaf of the state: what a
                      restore target is checked against.
-``schedules``        each task's ``schedule.state_dict()``, in task order.
+``schedules``        each task's ``schedule.state_dict()``, in task order (a watchdog's
+                     task left out: ``checkpointed_tasks``).
 ``callbacks``        ``[{"name": class qualname, "state": state_dict()}]`` for each distinct
                      callback with ``state_dict`` / ``load_state_dict``, in task order.
 ``history``          ``History.state_dict()``.
@@ -637,6 +638,20 @@ def _is_pytree_node(value: Any) -> bool:
     return not jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(value))
 
 
+def checkpointed_tasks(
+    tasks: Sequence[tuple[Any, Sequence[Any]]],
+) -> list[tuple[Any, Sequence[Any]]]:
+    """The tasks whose schedules' state a checkpoint holds, in order: all but those whose
+    every callback is a watcher outside the run (``__loop_transient__``: a watchdog), which
+    a resumed run may add or leave out."""
+    return [
+        (schedule, callbacks)
+        for schedule, callbacks in tasks
+        if not callbacks
+        or not all(getattr(getattr(c, "fn", c), "__loop_transient__", False) for c in callbacks)
+    ]
+
+
 def stateful_callbacks(tasks: Sequence[tuple[Any, Sequence[Any]]]) -> list[Any]:
     """The distinct callback objects of ``tasks`` with ``state_dict``/``load_state_dict``
     (also reached through their bound methods; a state's own methods are not callbacks):
@@ -747,7 +762,7 @@ def _items(loop_state: LoopState, *, host_copy: bool) -> dict[str, Any]:
         },
         "state_leaves": described,
         "schedules": copy.deepcopy(
-            [schedule.state_dict() for schedule, _ in loop_state.inputs.tasks]
+            [schedule.state_dict() for schedule, _ in checkpointed_tasks(loop_state.inputs.tasks)]
         ),
         "callbacks": [
             {

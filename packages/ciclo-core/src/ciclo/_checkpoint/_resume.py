@@ -111,11 +111,12 @@ def load_tasks(
     Raises:
         ValueError: ``tasks`` are not those of the run that wrote the checkpoint.
     """
+    tasks = _format.checkpointed_tasks(tasks)
     saved_schedules = contents.schedules
     if len(saved_schedules) != len(tasks):
-        saved_names = {name for name, _ in contents.callbacks}
+        in_checkpoint = {name for name, _ in contents.callbacks}
         names = [_format.callback_name(owner) for owner in _format.stateful_callbacks(tasks)]
-        added = [name for name in names if name not in saved_names]
+        added = [name for name in names if name not in in_checkpoint]
         raise ValueError(
             _TASKS_DIFFER.format(
                 where=where,

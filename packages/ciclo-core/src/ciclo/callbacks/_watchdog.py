@@ -104,7 +104,8 @@ class Watchdog(LoopCallbackBase):
 
     It is a callback like the others: spread it into ``tasks`` (``**ciclo.watchdog()``), or
     give it in ``callbacks=`` of ``train_loop``. It is never called per step: only when the
-    loop starts and ends.
+    loop starts and ends. It watches the run without being part of it: a checkpoint holds
+    nothing of it, so a resumed run may add a watchdog, or leave one out.
 
     Args:
         step_timeout: a step (and the work queued for its end), after the first.
@@ -123,6 +124,9 @@ class Watchdog(LoopCallbackBase):
         >>> _ = ciclo.loop(0, [np.ones(1)] * 3, {ciclo.every(1): step,
         ...                **ciclo.watchdog(step_timeout=60)})
     """
+
+    #: Not part of the run: its task is left out of checkpoints (``checkpointed_tasks``).
+    __loop_transient__ = True
 
     def __init__(
         self,
