@@ -30,7 +30,7 @@ class FetchSpy:
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Counts ``to_host`` and ``stacked_to_host`` calls and, where JAX lets us, conversions
+    """Counts ``to_host`` and ``land_stacked`` calls and, where JAX lets us, conversions
     that bypass them."""
     counts = FetchSpy()
     host = ciclo._records._host
@@ -48,7 +48,6 @@ def spy(monkeypatch):
 
     # The two ways ciclo fetches: a tree, and a history column's backlog as one array.
     monkeypatch.setattr(host, "to_host", counted(host.to_host))
-    monkeypatch.setattr(host, "stacked_to_host", counted(host.stacked_to_host))
     monkeypatch.setattr(host, "land_stacked", counted(host.land_stacked))  # a sent backlog
 
     # Every host conversion of a jax.Array (np.asarray, float, bool, .item(), device_get)

@@ -1,7 +1,8 @@
 """The one place where ciclo moves log values from device to host.
 
 Every consumer (history, progress bars, loggers, early stopping) fetches through
-:func:`to_host`, so a test can count transfers and the policy lives in one spot.
+:func:`to_host`, or, for a history column's backlog, :func:`send_stacked` then
+:func:`land_stacked`, so a test can count transfers and the policy lives in one spot.
 
 Fetching many small arrays one by one costs ~20 µs each; :func:`to_host` stacks
 same-shaped arrays on device in fixed-size chunks first (one small compiled call per chunk)
@@ -22,7 +23,6 @@ __all__ = [
     "is_landed",
     "land_stacked",
     "send_stacked",
-    "stacked_to_host",
     "start_copies",
     "to_host",
 ]
@@ -124,19 +124,6 @@ def land_stacked(chunks: Chunks) -> np.ndarray:
     """The values :func:`send_stacked` sent, as one NumPy array (waits for the copies)."""
     parts = [fetched[:count] for count, fetched in jax.device_get(chunks)]
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
-
-def stacked_to_host(values: list[Any]) -> np.ndarray | None:
-    """``values`` fetched as one NumPy array stacked along a new axis 0, or ``None``: what
-    :func:`send_stacked` then :func:`land_stacked` give, at once.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> stacked_to_host([jnp.float32(i) for i in range(10)]).tolist()
-        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
-    """
-    chunks = send_stacked(values)
-    return None if chunks is None else land_stacked(chunks)
 
 
 def to_host(tree: T) -> T:
