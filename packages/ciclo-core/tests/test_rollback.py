@@ -20,6 +20,7 @@ from ciclo.testing import free_port, run_on_loopback
 
 sys.path.insert(0, str(Path(__file__).parent))
 import rollback_training as training
+from multihost_loop_worker import Positioned
 
 TIMEOUT = 240  # seconds, for a subprocess or a 2-process job
 
@@ -96,26 +97,7 @@ def test_the_rollback_does_not_depend_on_when_the_nan_is_noticed(rolled_back, tm
 
 
 def test_a_stateful_dataset_is_moved_past_the_skipped_batches(rolled_back, tmp_path):
-    class Positioned:
-        def __init__(self, batches):
-            self.batches, self.position = batches, 0
-
-        def __iter__(self):
-            return self
-
-        def __next__(self):
-            if self.position >= len(self.batches):
-                raise StopIteration
-            self.position += 1
-            return self.batches[self.position - 1]
-
-        def state_dict(self):
-            return {"position": self.position}
-
-        def load_state_dict(self, state):
-            self.position = state["position"]
-
-    dataset = Positioned(training.batches())
+    dataset = Positioned(training.batches(), process=0, seen={})
     run = training.fingerprint(*training.run(str(tmp_path), data=dataset))
     assert run == rolled_back[1]
     assert dataset.position == training.STEPS + len(SKIPPED)
