@@ -45,7 +45,7 @@ def train(directory: str, steps: int, callbacks: list | None = None, checkpoint_
     """Trains for ``steps`` steps, checkpointing into ``directory`` and resuming from it."""
     checkpoint = ciclo.checkpoint(directory, keep=2)
     return ciclo.train_loop(
-        new_state(),
+        ciclo.lazy_state(new_state),  # a resume restores into its shapes: nothing built twice
         Batches(X_TRAIN, Y_TRAIN, BATCH_SIZE),  # seekable: resumed at the next batch
         {ciclo.every(checkpoint_every): checkpoint},
         test_dataset=lambda: eval_batches(X_TEST, Y_TEST),

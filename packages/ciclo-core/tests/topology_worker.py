@@ -3,9 +3,11 @@ trained on a list of global batches, each process feeding its part, checkpointed
 ``EVERY`` steps and resumed from ``OUT_DIR/<strategy>`` on whatever topology it runs on;
 once per strategy, so that one start of the processes serves them all.
 
-Usage: ``python topology_worker.py STRATEGIES PROCESSES PROCESS_ID PORT OUT_DIR STOP``, with
+Usage: ``python topology_worker.py STRATEGIES PROCESSES PROCESS_ID PORT OUT_DIR STOP [lazy]``,
+with
 STRATEGIES a comma-separated list of ``sharded`` (a 2 x 2 ``("data", "model")`` mesh and
-rules), ``fsdp`` and ``data-parallel``, and STOP a step count or ``none``. Writes
+rules), ``fsdp`` and ``data-parallel``, STOP a step count or ``none``, and ``lazy`` to give
+the state as ``ciclo.lazy_state``. Writes
 ``OUT_DIR/result{PROCESS_ID}.json``: ``{strategy: result}``.
 """
 
@@ -19,7 +21,9 @@ from typing import Any
 STEPS, BATCH, DIM, HIDDEN, EVERY = 12, 8, 4, 8, 4
 
 
-def train(strategy_name: str, batches: list[Any], directory: Path, stop: int | None) -> dict:
+def train(
+    strategy_name: str, batches: list[Any], directory: Path, stop: int | None, lazy: bool
+) -> dict:
     """Trains under ``strategy_name``, resuming from ``directory``; returns what it ended
     with."""
     import jax
@@ -65,12 +69,17 @@ def train(strategy_name: str, batches: list[Any], directory: Path, stop: int | N
         pred = (hidden @ p["dense2"]["kernel"] + p["dense2"]["bias"])[:, 0]
         return ciclo.logs().add_loss("loss", jnp.mean((pred - y) ** 2)), state
 
-    state = ciclo.managed.ManagedState.create(
-        params=params, tx=optax.adam(0.05), key=0, strategy=strategy
-    )
+    built = []
+
+    def new_state():
+        built.append(not isinstance(params["dense1"]["bias"] + 0, jax.core.Tracer))
+        return ciclo.managed.ManagedState.create(
+            params=params, tx=optax.adam(0.05), key=0, strategy=strategy
+        )
+
     ckpt = ciclo.checkpoint(directory, keep=1, save_on_end=False)
     state, history, elapsed = ciclo.loop(
-        state,
+        ciclo.lazy_state(new_state) if lazy else new_state(),
         batches,
         {ciclo.every(1): train_step, ciclo.every(EVERY): ckpt},
         stop=stop,
@@ -88,10 +97,19 @@ def train(strategy_name: str, batches: list[Any], directory: Path, stop: int | N
         "params": jax.tree.map(lambda a: np.asarray(a).tolist(), gathered),
         "kernel_spec": str(kernel.sharding.spec),
         "moment_spec": str(moment.sharding.spec),
+        "built": built,  # per call of new_state: run (True) or only traced (False)
     }
 
 
-def main(strategies: str, processes: int, process: int, port: int, out: Path, stop: int | None):
+def main(
+    strategies: str,
+    processes: int,
+    process: int,
+    port: int,
+    out: Path,
+    stop: int | None,
+    lazy: bool,
+) -> None:
     if processes > 1:
         from ciclo.testing import join_loopback
 
@@ -105,7 +123,7 @@ def main(strategies: str, processes: int, process: int, port: int, out: Path, st
     part = BATCH // processes
     mine = slice(process * part, (process + 1) * part)
     batches = [(x[mine], y[mine]) for x, y in zip(xs, ys, strict=True)]  # a list: by index
-    results = {name: train(name, batches, out / name, stop) for name in strategies.split(",")}
+    results = {name: train(name, batches, out / name, stop, lazy) for name in strategies.split(",")}
     (out / f"result{process}.json").write_text(json.dumps(results))
     if processes > 1:
         jax.distributed.shutdown()
@@ -113,6 +131,7 @@ def main(strategies: str, processes: int, process: int, port: int, out: Path, st
 
 if __name__ == "__main__":
     strategies, processes, process, port, out, stop = sys.argv[1:7]
+    lazy = sys.argv[7:8] == ["lazy"]
     main(
         strategies,
         int(processes),
@@ -120,4 +139,5 @@ if __name__ == "__main__":
         int(port),
         Path(out),
         None if stop == "none" else int(stop),
+        lazy,
     )

@@ -9,6 +9,8 @@ from . import callbacks as callbacks
 from . import managed as managed
 from ._checkpoint._callback import Checkpoint as Checkpoint
 from ._checkpoint._callback import checkpoint as checkpoint
+from ._checkpoint._lazy import LazyState as LazyState
+from ._checkpoint._lazy import lazy_state as lazy_state
 from ._checkpoint._restore import Restored as Restored
 from ._checkpoint._restore import restore as restore
 from ._checkpoint._restore import restore_best as restore_best

@@ -126,7 +126,7 @@ __all__ = [
 FORMAT = 1
 _ARRAY = "__ciclo_array__"  # a reference from ``meta`` into the ``arrays`` item
 _STATE = "__ciclo_state__"  # a reference from ``meta`` into the ``copies`` item
-_VALUE_KINDS = ("jax", "numpy", "numpy-scalar", "python")
+_VALUE_KINDS = ("jax", "numpy", "numpy-scalar", "python", "shape")
 
 
 # --- paths and managers ----------------------------------------------------------------------
@@ -429,6 +429,8 @@ def _kind(leaf: Any) -> str:
         return "none"
     if isinstance(leaf, jax.Array):
         return "jax"
+    if isinstance(leaf, jax.ShapeDtypeStruct):  # a lazy state's (`_lazy`)
+        return "shape"
     if isinstance(leaf, np.ndarray):
         return "numpy" if leaf.dtype != object else "other"
     if isinstance(leaf, np.generic):
@@ -441,7 +443,7 @@ def _kind(leaf: Any) -> str:
 def _describe(path: Any, leaf: Any) -> list[Any]:
     """``[path, kind, shape, dtype, saved]`` of one leaf, JSON-able."""
     kind = _kind(leaf)
-    if kind in ("jax", "numpy", "numpy-scalar"):
+    if kind in ("jax", "numpy", "numpy-scalar", "shape"):
         shape = list(np.shape(leaf))
         dtype = str(leaf.dtype)
         saved = math.prod(shape) > 0
@@ -561,9 +563,12 @@ def _uncommitted(value: Any) -> Any:
     return jax.device_put(np.asarray(value))
 
 
-def _like(target: Any, value: Any) -> Any:
+def _like(target: Any, value: Any, saved: list[Any]) -> Any:
     """``value`` with the type, dtype and placement (sharding, committed or not) of
-    ``target``."""
+    ``target``; for a lazy state's shape, the kind ``saved`` describes, placed on its
+    sharding (uncommitted where it has none, as a freshly built array)."""
+    if isinstance(target, jax.ShapeDtypeStruct):
+        return _built(target, value, saved)
     if isinstance(target, jax.Array):
         if not isinstance(value, jax.Array):
             value = jax.device_put(np.asarray(value, dtype=target.dtype), target.sharding)
@@ -583,6 +588,31 @@ def _like(target: Any, value: Any) -> Any:
     return value
 
 
+def _built(shape: jax.ShapeDtypeStruct, value: Any, saved: list[Any]) -> Any:
+    """``value``, restored into a lazy state's ``shape``, as the built state holds it."""
+    if saved[1] == "python":
+        return _PYTHON_TYPES[saved[3]](np.asarray(value).item())
+    if saved[1] == "numpy":
+        return np.asarray(value, dtype=saved[3])
+    if saved[1] == "numpy-scalar":
+        return np.dtype(saved[3]).type(np.asarray(value).item())
+    if shape.sharding is None:
+        return _uncommitted(value) if value.committed else value
+    return value if value.sharding == shape.sharding else jax.device_put(value, shape.sharding)
+
+
+def _unsaved(leaf: Any) -> Any:
+    """An unsaved leaf as the restored state holds it: itself, or a lazy state's empty
+    array built."""
+    if not isinstance(leaf, jax.ShapeDtypeStruct):
+        return leaf
+    empty = np.zeros(leaf.shape, leaf.dtype)
+    return jax.device_put(empty) if leaf.sharding is None else jax.device_put(empty, leaf.sharding)
+
+
+_PYTHON_TYPES: dict[str, type] = {"bool": bool, "int": int, "float": float}
+
+
 def _restore_target(target: Any, saved: list[Any]) -> Any:
     """What orbax restores one saved leaf into."""
     import orbax.checkpoint as ocp
@@ -591,6 +621,9 @@ def _restore_target(target: Any, saved: list[Any]) -> Any:
         return {"bool": False, "int": 0, "float": 0.0}.get(saved[3], 0.0)
     if isinstance(target, jax.Array):
         return ocp.utils.to_shape_dtype_struct(target)
+    if isinstance(target, jax.ShapeDtypeStruct) and saved[1] == "jax":
+        sharding = target.sharding or jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        return jax.ShapeDtypeStruct(target.shape, target.dtype, sharding=sharding)  # type: ignore[no-untyped-call]
     dtype = target.dtype if isinstance(target, np.ndarray | np.generic) else saved[3]
     return _abstract(saved[2], dtype)
 
@@ -615,15 +648,15 @@ def _abstract_state(target: Any, saved: list[list[Any]]) -> Any:
 
 def _fill(target: Any, saved: list[list[Any]], restored: Any) -> Any:
     """``target`` with the restored leaves, each placed like the target's."""
-    if restored is None:
-        return target
     leaves, treedef = _flatten(target)
+    if restored is None:
+        return jax.tree_util.tree_unflatten(treedef, [_unsaved(leaf) for _, leaf in leaves])
     tree = restored["value"] if jax.tree_util.treedef_is_leaf(treedef) else restored
     values, _ = _flatten(tree)
     return jax.tree_util.tree_unflatten(
         treedef,
         [
-            _like(leaf, value) if d[4] else leaf
+            _like(leaf, value, d) if d[4] else _unsaved(leaf)
             for (_, leaf), (_, value), d in zip(leaves, values, saved, strict=True)
         ],
     )

@@ -51,6 +51,7 @@ from .._records._logs import Logs
 from .._time._elapsed import Period, as_period
 from . import _format
 from ._in_place import restore_in_place
+from ._lazy import is_shapes
 
 __all__ = ["resume", "load_tasks", "put_back", "skip_consumed", "is_elastic", "iterated_by_index"]
 
@@ -257,6 +258,22 @@ def _from_index(dataset: Any, start: int) -> Iterator[Any]:
         yield batch
 
 
+def may_resume(directory: str | os.PathLike[str] | None) -> bool:
+    """Whether a loop given ``resume=directory`` may find a checkpoint there (a step's
+    directory, complete or not; a URL may), read without opening it.
+
+    Example:
+        >>> may_resume(None), may_resume("/no/such/directory")
+        (False, False)
+    """
+    if directory is None:
+        return False
+    path = _format.checkpoint_path(directory)
+    if "://" in path:
+        return True
+    return os.path.isdir(path) and any(name.isdigit() for name in os.listdir(path))
+
+
 def resume(
     directory: str | os.PathLike[str],
     loop_state: LoopState,
@@ -315,7 +332,9 @@ def put_back(contents: _format.Contents, path: str, loop_state: LoopState) -> No
 
 def _put_back_run(contents: _format.Contents, loop_state: LoopState) -> None:
     """The state, counts, history and latest logs of ``contents`` into ``loop_state``."""
-    loop_state.state = restore_in_place(loop_state.state, contents.state)
+    original = loop_state.state  # a lazy state's shapes: nothing to restore in place
+    in_place = not is_shapes(original)
+    loop_state.state = restore_in_place(original, contents.state) if in_place else contents.state
     loop_state.elapsed = contents.elapsed
     loop_state.initial_elapsed = contents.initial_elapsed
     loop_state.skipped_batches = contents.data_skipped

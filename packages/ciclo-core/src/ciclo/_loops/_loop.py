@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from .._checkpoint import _resume
+from .._checkpoint._lazy import LazyState, is_shapes
 from .._loop._agreed import AgreedDecisions
 from .._loop._arguments import check_arguments, check_dataset, checked_batch_size_fn
 from .._loop._engine import run
@@ -186,6 +187,9 @@ def loop(
     restarts = restart_hook_owners(every_fn)
     watchers = phase_watchers(every_fn)
     history = History() if history is None else history
+    lazy = state if isinstance(state, LazyState) else None
+    if lazy is not None:  # traced for a resume's shapes, or built now
+        state = lazy.shapes() if _resume.may_resume(resume) else lazy.build()
     loop_state = LoopState(
         state,
         history,
@@ -212,6 +216,8 @@ def loop(
         if loop_state.finished:
             run_end_hooks(end_hooks, loop_state, None)  # they release what they hold
             return loop_state.state, history, loop_state.elapsed
+        if lazy is not None and is_shapes(loop_state.state):  # nothing restored: built
+            loop_state.state = lazy.build()
         count_size = (
             batch_size_fn
             if decisions is None

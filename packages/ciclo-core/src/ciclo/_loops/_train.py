@@ -8,6 +8,8 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from .._checkpoint._lazy import LazyState
+from .._checkpoint._resume import may_resume
 from .._loop._arguments import is_empty
 from .._loop._callback import LoopInterrupted, as_callback
 from .._loop._state import LoopState
@@ -199,8 +201,12 @@ def train_loop(
         if length is not None:
             epoch_duration = length
             stop = (0 if elapsed is None else elapsed.steps) + epochs * length
+    if isinstance(state, LazyState) and not may_resume(loop_kwargs.get("resume")):
+        state = state.build()  # nothing to resume from
+    # A lazy state resumed is known by its shapes until the loop restores it.
+    known = state.shapes() if isinstance(state, LazyState) else state
     registry = Registry(
-        "train_loop", moments("train", "test"), "on_train_step", state, tasks, callbacks
+        "train_loop", moments("train", "test"), "on_train_step", known, tasks, callbacks
     )
     registry.require_step("train_step")
     named = registry.named
@@ -262,7 +268,7 @@ def train_loop(
         both.__qualname__ = both.__name__ = f"evaluation({name!r}, with averaged weights)"
         return both
 
-    averaged = _keeps_average(state)
+    averaged = _keeps_average(known)
     evaluations = {name: evaluation(name, evaluation_set) for name, evaluation_set in sets.items()}
     train_tasks = {
         clock.schedule: [],  # first, so its state comes first in checkpoints
