@@ -77,6 +77,10 @@ def child(directory: str, steps: int, launched: float) -> None:
 
 def launch(directory: Path, steps: int, cache: bool) -> dict[str, float]:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    # Imports read byte-compiled files, as an installed package's are: the untimed first
+    # run writes what is missing (PYTHONDONTWRITEBYTECODE would have every run compile
+    # the files changed since the last install).
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if not cache:
         env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
     launched = time.time()

@@ -260,3 +260,14 @@ def test_an_array_on_a_mesh_the_program_does_not_name_is_an_error_naming_the_fix
     with jax.set_mesh(mesh):  # the fix it names: the concrete mesh around the loop
         shapes = ciclo.lazy_state(new_state).shapes()
     assert shapes["w"].sharding == NamedSharding(mesh, P("d", None))
+
+
+def test_restore_reads_a_checkpoint_into_a_lazy_state_without_building_it(
+    tmp_path: Path,
+) -> None:
+    factory = Factory()
+    trained = run(factory(), tmp_path, 6)
+    restored = ciclo.restore(tmp_path, ciclo.lazy_state(factory))
+    assert factory.calls == ["built", "traced"]
+    assert restored.elapsed.steps == 6
+    assert_same_run(tuple(restored), trained)

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 from .._records._history import History
 from .._time._elapsed import Elapsed
 from . import _format
+from ._lazy import LazyState
 
 __all__ = ["Restored", "restore", "restore_best"]
 
@@ -30,7 +31,8 @@ def restore(directory: str | os.PathLike[str], state: Any, *, step: int | None =
     Args:
         directory: the checkpoint directory.
         state: a state built like the saved one (e.g. freshly initialised); only its
-            structure, shapes, dtypes and shardings are used.
+            structure, shapes, dtypes and shardings are used. A ``ciclo.lazy_state(fn)``
+            is only traced for them: nothing of ``fn`` is compiled or run.
         step: which checkpoint (its ``elapsed.steps``). By default the newest intact
             checkpoint of a finite state: a damaged one (a truncated or missing file, bad
             JSON) and one of a non-finite state (saved at the stop after a NaN) are passed
@@ -65,6 +67,8 @@ def restore(directory: str | os.PathLike[str], state: Any, *, step: int | None =
         )
     path = _format.checkpoint_path(directory)
     manager = _format.open_reader(path, must_exist=True)
+    if isinstance(state, LazyState):
+        state = state.shapes()
     try:
         steps = _format.steps_on_disk(manager, path)
         if step is None:
