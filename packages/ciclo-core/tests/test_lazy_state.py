@@ -271,3 +271,13 @@ def test_restore_reads_a_checkpoint_into_a_lazy_state_without_building_it(
     assert factory.calls == ["built", "traced"]
     assert restored.elapsed.steps == 6
     assert_same_run(tuple(restored), trained)
+
+
+def test_a_state_with_a_leaf_that_is_not_an_array_is_an_error_naming_the_fix() -> None:
+    def new_state() -> dict[str, Any]:
+        return {"w": jnp.zeros(3), "name": "run-1"}
+
+    with pytest.raises(TypeError, match="not a valid JAX type") as info:
+        ciclo.lazy_state(new_state).shapes()
+    assert any("a pytree of arrays and numbers" in note for note in info.value.__notes__)
+    assert any("give the built state" in note for note in info.value.__notes__)

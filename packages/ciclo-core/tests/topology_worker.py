@@ -4,11 +4,10 @@ trained on a list of global batches, each process feeding its part, checkpointed
 once per strategy, so that one start of the processes serves them all.
 
 Usage: ``python topology_worker.py STRATEGIES PROCESSES PROCESS_ID PORT OUT_DIR STOP [lazy]``,
-with
-STRATEGIES a comma-separated list of ``sharded`` (a 2 x 2 ``("data", "model")`` mesh and
-rules), ``fsdp`` and ``data-parallel``, STOP a step count or ``none``, and ``lazy`` to give
-the state as ``ciclo.lazy_state``. Writes
-``OUT_DIR/result{PROCESS_ID}.json``: ``{strategy: result}``.
+with STRATEGIES a comma-separated list of ``sharded`` (a 2 x 2 ``("data", "model")`` mesh
+and rules), ``fsdp`` and ``data-parallel``, STOP a step count or ``none``, and ``lazy`` to
+give the state as ``ciclo.lazy_state``. Writes ``OUT_DIR/result{PROCESS_ID}.json``:
+``{strategy: result}``.
 """
 
 from __future__ import annotations

@@ -27,6 +27,11 @@ _NOT_CALLABLE = (
     "ciclo.lazy_state(fn) takes a function of no arguments that returns the initial state, "
     "got {got!r}. Pass the function itself: lazy_state(new_state), not lazy_state(new_state())."
 )
+_NOT_ARRAYS = (
+    "ciclo.lazy_state({fn!r}): a resume traces the function, so the state it returns must be "
+    "a pytree of arrays and numbers. Keep other values in the pytree's static part (a "
+    "ciclo.managed.ManagedState field, a dataclass's metadata), or give the built state."
+)
 _UNPLACED = (
     "ciclo.lazy_state: {path} is sharded over {mesh}, an abstract mesh that no device_put "
     "or jit of the traced function names, so a resume cannot tell its devices. Place the "
@@ -80,7 +85,12 @@ class LazyState(Generic[T]):
         carrying the sharding it would have (``None``: the default device, uncommitted).
         Traced once, then kept."""
         if self._shapes is None:
-            closed, shapes = jax.make_jaxpr(self.build, return_shape=True)()
+            try:
+                closed, shapes = jax.make_jaxpr(self.build, return_shape=True)()
+            except TypeError as error:
+                if "not a valid JAX type" in str(error):
+                    error.add_note(_NOT_ARRAYS.format(fn=self.build))
+                raise
             self._shapes = _placed(closed, shapes)
         return self._shapes
 

@@ -78,7 +78,9 @@ def loop(
     a step are committed to ``history``; values stay on device until read.
 
     Args:
-        state: any pytree or object (a plain dict, a ``ManagedState``, ...).
+        state: any pytree or object (a plain dict, a ``ManagedState``, ...), or
+            ``ciclo.lazy_state(fn)``: built by ``fn()`` unless ``resume`` restores it (then
+            only traced for its shapes).
         dataset: an iterable of batches.
         tasks: ``{schedule: callback or [callbacks]}``. Callback objects such as
             ``ciclo.keras_bar(...)`` can be spread in with ``**``.

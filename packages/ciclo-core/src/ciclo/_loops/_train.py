@@ -126,7 +126,8 @@ def train_loop(
     Args:
         state: the state; its ``train_step``, ``test_step`` and ``reset_step`` methods (if
             any) run under ``on_train_step``, ``on_test_step`` and ``on_reset_step`` unless
-            ``tasks`` or ``callbacks`` give callbacks for those schedules.
+            ``tasks`` or ``callbacks`` give callbacks for those schedules. Or
+            ``ciclo.lazy_state(fn)``, as in :func:`ciclo.loop`.
         train_dataset: an iterable of batches; with ``epochs``, a re-iterable one or a
             zero-argument function returning one.
         tasks: ``{schedule: callback or [callbacks]}``; a schedule is a named schedule
