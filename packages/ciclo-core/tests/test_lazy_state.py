@@ -281,3 +281,25 @@ def test_a_state_with_a_leaf_that_is_not_an_array_is_an_error_naming_the_fix() -
         ciclo.lazy_state(new_state).shapes()
     assert any("a pytree of arrays and numbers" in note for note in info.value.__notes__)
     assert any("give the built state" in note for note in info.value.__notes__)
+
+
+@ciclo.managed.step
+def evaluation_step(state: Any, batch: Any) -> tuple[ciclo.Logs, Any]:
+    x, y = batch
+    pred = x @ state.params["w"] + state.params["b"]
+    return ciclo.logs().add_metric("mse", jnp.mean((pred - y) ** 2)), state
+
+
+def test_evaluate_checkpoints_restores_each_checkpoint_into_a_lazy_state(tmp_path: Path) -> None:
+    factory = Factory()
+    run(factory(), tmp_path, 7)
+
+    def evaluate(state: Any) -> ciclo.History:
+        tasks = {ciclo.on_test_step: evaluation_step}
+        return ciclo.evaluate_checkpoints(tmp_path, state, lambda: batches(2), tasks)
+
+    lazy = evaluate(ciclo.lazy_state(factory))
+    eager = evaluate(Factory()())
+    assert factory.calls == ["built", "traced"]  # traced once for every checkpoint
+    assert lazy.collect("steps", "mse") == eager.collect("steps", "mse")
+    assert lazy.collect("steps") == [4, 7]  # keep=2
