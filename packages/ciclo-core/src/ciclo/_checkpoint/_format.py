@@ -607,7 +607,7 @@ def _unsaved(leaf: Any) -> Any:
     if not isinstance(leaf, jax.ShapeDtypeStruct):
         return leaf
     empty = np.zeros(leaf.shape, leaf.dtype)
-    return jax.device_put(empty) if leaf.sharding is None else jax.device_put(empty, leaf.sharding)
+    return jax.device_put(empty, leaf.sharding)  # None: uncommitted, on the default device
 
 
 _PYTHON_TYPES: dict[str, type] = {"bool": bool, "int": int, "float": float}
@@ -618,7 +618,7 @@ def _restore_target(target: Any, saved: list[Any]) -> Any:
     import orbax.checkpoint as ocp
 
     if saved[1] == "python":
-        return {"bool": False, "int": 0, "float": 0.0}.get(saved[3], 0.0)
+        return _PYTHON_TYPES.get(saved[3], float)()  # False, 0 or 0.0: a placeholder
     if isinstance(target, jax.Array):
         return ocp.utils.to_shape_dtype_struct(target)
     if isinstance(target, jax.ShapeDtypeStruct) and saved[1] == "jax":
