@@ -241,7 +241,14 @@ def test_a_run_without_faults_is_unchanged(ckpt):
 
 
 # --- two processes -------------------------------------------------------------------------
-def _job(directory: Path, *extra: str) -> list[int]:
+# Each process kills itself (SIGKILL, -9) at the step `--die-at` names. When process 0
+# (which runs JAX's coordination service) is gone first, process 1's coordination client
+# may abort it (SIGABRT, -6) in the moment before its own kill: seen twice under a load of 15.
+_FINISHED = ((0,), (0,))
+_KILLED = ((-9,), (-9, -6))
+
+
+def _job(directory: Path, *extra: str, expected: tuple[tuple[int, ...], ...] = _FINISHED) -> None:
     port = free_port()
     command = [sys.executable, training.__file__, str(directory), "--port", str(port), *extra]
     run = run_on_loopback(
@@ -249,10 +256,8 @@ def _job(directory: Path, *extra: str) -> list[int]:
         devices_per_process=2,
         timeout=TIMEOUT,
     )
-    for i, (code, output) in enumerate(zip(run.codes, run.outputs, strict=True)):
-        if code != -9:
-            assert code == 0, f"process {i} exited {code}:\n{output[-3000:]}"
-    return run.codes
+    for i, (code, output, allowed) in enumerate(zip(run.codes, run.outputs, expected, strict=True)):
+        assert code in allowed, f"process {i} exited {code}, not {allowed}:\n{output[-3000:]}"
 
 
 def _results(directory: Path) -> list[dict]:
@@ -276,12 +281,7 @@ def test_two_processes_roll_back_at_one_step_and_resume_after_a_sigkill_to_the_s
     assert 16 <= stopped <= 19
     assert first["steps"] == training.STEPS
     assert all(math.isfinite(v) for v in [*first["w"], first["b"], *first["losses"]])
-    codes = _job(killed, "--die-at", "23")
-    # Each process kills itself at step 23. When process 0 (which runs JAX's coordination
-    # service) is gone first, process 1's coordination client may abort it (SIGABRT) in the
-    # moment before its own kill: seen twice under a load of 15.
-    assert codes[0] == -9, codes
-    assert codes[1] in (-9, -6), codes
+    _job(killed, "--die-at", "23", expected=_KILLED)
     assert not (killed / "result0.json").exists()
     _job(killed)  # the same command resumes it
     for resumed in _results(killed):
