@@ -25,6 +25,9 @@ def parse_args(description: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--tiny", action="store_true", help="a few iterations, for CI")
     parser.add_argument("--json", help="append result rows to this JSON-lines file")
+    parser.add_argument(
+        "--rounds", type=int, help="rounds, for a script that times in rounds (default: its own)"
+    )
     return parser.parse_args()
 
 

@@ -22,7 +22,10 @@ The same times counted from the end of the example's imports (JAX, Flax, optax,
 scikit-learn, ciclo: about 1.7 s in every run here) are reported too: what ciclo's restart
 itself costs (orbax, imported by the restore, is counted in it).
 
-    python restart.py [--tiny] [--json rows.jsonl]
+The runs use the CPU unless ``JAX_PLATFORMS`` names another platform
+(``JAX_PLATFORMS=cuda`` on a GPU machine).
+
+    python restart.py [--tiny] [--rounds 7] [--json rows.jsonl]
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ def child(directory: str, steps: int, launched: float) -> None:
 
 
 def launch(directory: Path, steps: int, cache: bool) -> dict[str, float]:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ}
+    env.setdefault("JAX_PLATFORMS", "cpu")
     # Imports read byte-compiled files, as an installed package's are: the untimed first
     # run writes what is missing (PYTHONDONTWRITEBYTECODE would have every run compile
     # the files changed since the last install).
@@ -105,7 +109,7 @@ def main() -> None:
     from _harness import emit, parse_args, summarize
 
     args = parse_args(__doc__)
-    rounds, first, more = (1, 20, 5) if args.tiny else (7, 60, 20)
+    rounds, first, more = (1, 20, 5) if args.tiny else (args.rounds or 7, 60, 20)
     labels = ["cold start", "cold start, no cache", "resume, no cache", "resume"]
     if args.tiny:  # the two that matter, once: bench_tiny stays short
         labels = ["cold start", "resume"]
@@ -147,6 +151,7 @@ def main() -> None:
     other = {
         "benchmark": "restart.py",
         "what": "digits_cnn.py in fresh processes, time to the first step (medians, s)",
+        "platform": os.environ.get("JAX_PLATFORMS", "cpu"),
         **{
             label: f"{statistics.median(times[label]):.2f} s, compile "
             f"{statistics.median(r['compile'] for r in runs):.2f} s, "
