@@ -59,6 +59,7 @@ def tasks(
     import jax
     import jax.numpy as jnp
     import optax
+    from jax.experimental import multihost_utils
 
     import ciclo
 
@@ -97,6 +98,9 @@ def tasks(
     def report(state: Any, batch: Any, elapsed: Any, loop_state: Any) -> None:
         rolled_back = loop_state.skipped_batches > 0
         if die_at is not None and rolled_back and elapsed.steps == die_at:
+            # Every process reaches this step before any dies: else one behind would wait on
+            # the collectives of the dead and end by the fault path, not by its own kill.
+            multihost_utils.sync_global_devices(f"die at {die_at}")
             os.kill(os.getpid(), signal.SIGKILL)
         if report:
             print(f"step {elapsed.steps} rolled_back {int(rolled_back)}", flush=True)

@@ -241,9 +241,10 @@ def test_a_run_without_faults_is_unchanged(ckpt):
 
 
 # --- two processes -------------------------------------------------------------------------
-# Each process kills itself (SIGKILL, -9) at the step `--die-at` names. When process 0
-# (which runs JAX's coordination service) is gone first, process 1's coordination client
-# may abort it (SIGABRT, -6) in the moment before its own kill: seen twice under a load of 15.
+# Each process kills itself (SIGKILL, -9) at the step `--die-at` names, once both have
+# reached it. When process 0 (which runs JAX's coordination service) is gone first, process
+# 1's coordination client may abort it (SIGABRT, -6) in the moment before its own kill: seen
+# twice under a load of 15.
 _FINISHED = ((0,), (0,))
 _KILLED = ((-9,), (-9, -6))
 
