@@ -41,6 +41,9 @@ def _general_batch_size(batch):
         [np.zeros((6,))],
         {"x": np.zeros((8, 1))},
         3,
+        2.5,
+        True,
+        np.int64(4),
     ],
 )
 def test_default_batch_size_fast_paths_match_the_general_rule(batch) -> None:

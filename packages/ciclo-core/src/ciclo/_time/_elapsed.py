@@ -210,8 +210,12 @@ def default_batch_size(batch: Any) -> int:
         >>> default_batch_size((np.zeros((32, 784)), np.zeros(32))), default_batch_size(3)
         (32, 1)
     """
-    # Fast paths, once per step: an array, or a tuple whose first item is one.
-    first = batch[0] if type(batch) is tuple and batch else batch
+    # Fast paths, once per step: a Python number (an index), an array, or a tuple whose
+    # first item is one.
+    kind = type(batch)
+    if kind is int or kind is float:
+        return 1
+    first = batch[0] if kind is tuple and batch else batch
     if (type(first) is np.ndarray or isinstance(first, jax.Array)) and first.ndim:
         return int(first.shape[0])
     for leaf in jax.tree_util.tree_leaves(batch):
