@@ -5,10 +5,11 @@ resumed run continues exactly, see ``checkpoint_resume.py``)."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
-from sklearn.datasets import load_digits
 
 TEST_SIZE = 360  # divides by 8 devices and by the evaluation batch size
 
@@ -16,12 +17,30 @@ TEST_SIZE = 360  # divides by 8 devices and by the evaluation batch size
 def digits(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(x_train, y_train, x_test, y_test)``: 1437 training and 360 test images as
     ``(n, 64)`` float32 in [0, 1] with int32 labels, split at random with ``seed``."""
-    data = load_digits()
-    x = (data.data / 16.0).astype(np.float32)
-    y = data.target.astype(np.int32)
+    pixels, labels = _load_digits()
+    x = (pixels / 16.0).astype(np.float32)
+    y = labels.astype(np.int32)
     order = np.random.default_rng(seed).permutation(len(x))
     test, train = order[:TEST_SIZE], order[TEST_SIZE:]
     return x[train], y[train], x[test], y[test]
+
+
+def _load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """The digits' pixels ``(1797, 64)`` and labels, as ``sklearn.datasets.load_digits``
+    returns them: read from the file scikit-learn ships, without importing scikit-learn,
+    whose import (SciPy's statistics with it) costs about 0.9 s of each example's start,
+    half of a resume's (``benchmarks/restart.py``). ``load_digits`` reads that file too, and
+    is called when it is not where it has always been."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package without importing it
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
+        if path.is_file():
+            table = np.loadtxt(path, delimiter=",")
+            return table[:, :-1], table[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    return data.data, data.target
 
 
 class Batches:
