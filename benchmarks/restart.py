@@ -18,9 +18,9 @@ first step (with the cache it is the time to load the programs); the cache hits 
 `cache_hits` events.
 
 Target (issue 29): a resume's time to the first step <= 0.5x a cold start's (ratio <= 0.5).
-The same times counted from the end of the example's imports (JAX, Flax, optax,
-scikit-learn, ciclo: about 1.7 s in every run here) are reported too: what ciclo's restart
-itself costs (orbax, imported by the restore, is counted in it).
+The same times counted from the end of the example's imports (JAX, Flax, optax, ciclo,
+and the digits read from scikit-learn's file: about 0.9 s in every run here) are reported
+too: what ciclo's restart itself costs (orbax, imported by the restore, is counted in it).
 
 The runs use the CPU unless ``JAX_PLATFORMS`` names another platform
 (``JAX_PLATFORMS=cuda`` on a GPU machine).
@@ -57,7 +57,7 @@ def child(directory: str, steps: int, launched: float) -> None:
         lambda event, **_: hits.append(event) if event.endswith("/cache_hits") else None
     )
     sys.path.insert(0, str(EXAMPLES))
-    import digits_cnn  # JAX, Flax, optax, scikit-learn, ciclo: the same in all four
+    import digits_cnn  # JAX, Flax, optax, ciclo, the digits: the same in all four
 
     imported = time.time()
     first: dict[str, float] = {}
