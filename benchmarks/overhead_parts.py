@@ -1,6 +1,6 @@
 """Where the loop's time over a hand-written loop goes, part by part: the hand-written loop
 with one of ciclo's per-step parts added at a time (keeping every step's logs alive, the
-in-flight bound, ``ciclo.elapse``, ``History.commit``), then ``ciclo.loop`` with 0, 2 and 8
+in-flight bound, ``ciclo.elapse``, ``History.commit``), then ``ciclo.loop`` with 0, 1, 2 and 8
 steps in flight; on the trivial step and on the MLP of ``loop_overhead.py``. On an
 accelerator, this is what tells a host sync from Python work.
 
@@ -70,11 +70,13 @@ def candidates(state: Any, dataset: list, step: Callable) -> dict[str, Callable[
     return {
         HAND_WRITTEN: hand_written,
         "+ every step's logs kept alive": keeping_logs,
+        "+ InFlight(1)": bounded(1),
         "+ InFlight(2)": bounded(2),
         "+ InFlight(8)": bounded(8),
         "+ ciclo.elapse": elapsing(commit=False),
         "+ ciclo.elapse + History.commit": elapsing(commit=True),
         "ciclo.loop, max_steps_in_flight=0": looping(0),
+        "ciclo.loop, max_steps_in_flight=1": looping(1),
         "ciclo.loop, max_steps_in_flight=2": looping(2),
         "ciclo.loop, max_steps_in_flight=8": looping(8),
     }
