@@ -269,7 +269,7 @@ def _flatten_logs_with_keys(value: Logs) -> tuple[tuple[tuple[Any, Any], ...], t
 
 def _unflatten_logs(keys: tuple[str, ...], children: Any) -> Logs:
     # Once per compiled step (its output logs): no __init__ (an empty Logs has nothing to
-    # fill) and one C call for the collections, 0.3 us against 1.1 through Logs().
+    # fill) and one C call for the collections: about 0.2 us less than through Logs().
     out = _new_dict(Logs)
     _update(out, zip(keys, children, strict=True))
     return out
