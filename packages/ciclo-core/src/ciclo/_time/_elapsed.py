@@ -314,39 +314,86 @@ class elapse(Iterator[tuple[Elapsed, Any]]):
         self._pending: Any = _NOTHING
         self._pause_at: float = math.inf
         self._pause: Callable[[elapse], None] | None = None
+        self._steps: Iterator[tuple[Elapsed, Any]] | None = None
 
     @staticmethod
     def _restart_clock(initial: Elapsed) -> Elapsed:
         # `time` continues from where it was; `date` restarts now so pauses are not counted.
         return dataclasses.replace(initial, date=_time.time())
 
-    def __iter__(self) -> elapse:
-        return self
+    def __iter__(self) -> Iterator[tuple[Elapsed, Any]]:
+        # A generator: a `for` loop resumes it without a Python-level `__next__` per step.
+        # It shares the state `next()`, `pause_before`, `set_clock` and `finish` read.
+        if self._steps is None:
+            self._steps = self._count()
+        return self._steps
 
     def __next__(self) -> tuple[Elapsed, Any]:
-        elapsed = self.elapsed
-        pending = self._pending
-        if pending is not _NOTHING:  # count the previous batch: Elapsed.update, inlined
-            new = _new(Elapsed)
-            _set_steps(new, elapsed.steps + 1)
-            _set_samples(new, elapsed.samples + self._batch_size_fn(pending))
-            if self._clock:
-                now = _time.time()
-                _set_time(new, elapsed.time + (now - elapsed.date))
-                _set_date(new, now)
-            else:
-                _set_time(new, elapsed.time)
-                _set_date(new, elapsed.date)
-            elapsed = self.elapsed = new
-            self._pending = _NOTHING
-        if elapsed.steps >= self._pause_at:
-            assert self._pause is not None
-            self._pause(self)  # may end the iteration (StopIteration) before the draw
+        return next(iter(self))
+
+    def _count(self) -> Iterator[tuple[Elapsed, Any]]:
+        iterator, batch_size, clock, stop = (
+            self._iterator,
+            self._batch_size_fn,
+            self._clock,
+            self._stop,
+        )
+        fast_size = batch_size is default_batch_size
+        stop_steps, stop_samples, stop_time, stop_date = (
+            (math.inf,) * 4
+            if stop is None
+            else (
+                math.inf if v is None else v
+                for v in (stop.steps, stop.samples, stop.time, stop.date)
+            )
+        )
+        timed_stop = stop_time != math.inf or stop_date != math.inf
+        new, clock_now, ndarray = _new, _time.time, np.ndarray
+        while True:
             elapsed = self.elapsed
-        if self._stop is not None and self._stop.reached_by(elapsed):
-            raise StopIteration
-        self._pending = batch = next(self._iterator)
-        return elapsed, batch
+            pending = self._pending
+            if pending is not _NOTHING:  # count the previous batch: Elapsed.update, inlined
+                if fast_size and type(pending) is ndarray and pending.ndim:
+                    size = pending.shape[0]
+                else:
+                    size = batch_size(pending)
+                counted = new(Elapsed)
+                _set_steps(counted, elapsed.steps + 1)
+                _set_samples(counted, elapsed.samples + size)
+                if clock:
+                    now = clock_now()
+                    _set_time(counted, elapsed.time + (now - elapsed.date))
+                    _set_date(counted, now)
+                else:
+                    _set_time(counted, elapsed.time)
+                    _set_date(counted, elapsed.date)
+                elapsed = self.elapsed = counted
+                # `_pending` still holds the counted batch: cleared below before anything
+                # reads it, replaced by the next batch otherwise (one store a step).
+            if elapsed.steps >= self._pause_at:
+                assert self._pause is not None
+                self._pending = _NOTHING
+                try:
+                    self._pause(self)  # may end the iteration before the draw
+                except StopIteration:
+                    return
+                elapsed = self.elapsed
+            if stop is not None and (
+                elapsed.steps >= stop_steps
+                or elapsed.samples >= stop_samples
+                or (timed_stop and (elapsed.time >= stop_time or elapsed.date >= stop_date))
+            ):
+                self._pending = _NOTHING
+                return
+            try:
+                batch = next(iterator, _NOTHING)
+            except BaseException:  # the dataset failed: the batch before stays counted once
+                self._pending = _NOTHING
+                raise
+            self._pending = batch
+            if batch is _NOTHING:  # the dataset ended
+                return
+            yield elapsed, batch
 
     def pause_before(self, step: float, fn: Callable[[elapse], None]) -> None:
         """Calls ``fn(self)`` once the count reaches ``step``, before that step's batch is
