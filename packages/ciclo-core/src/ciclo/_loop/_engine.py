@@ -16,7 +16,7 @@ of batches (``ciclo.elapse``, which the agreement of several processes pauses) a
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, elapse
@@ -31,6 +31,8 @@ from ._state import LoopState
 from ._step import run_callbacks
 
 __all__ = ["run"]
+
+_empty_logs = dict.__new__
 
 
 def run(
@@ -68,11 +70,13 @@ def run(
             loop_state.batch = batch
             if phases is not None:
                 phases.step(elapsed.steps)
+            fired: Iterable[Callback]
             if elapsed.steps < plan.next_steps and elapsed.samples < plan.next_samples:
-                fired: Iterator[Callback] = iter(plan.steady)
+                fired = iter(plan.steady) if fusing else plan.steady  # the list: no iterator
             else:
                 fired = plan.fired(elapsed)
             if group is not None:  # a fused group is open: does this step extend it?
+                fired = iter(fired)
                 first = next(fired, None)
                 if first is group.fused and group.accepts_batch(batch):
                     group.add(elapsed, batch, list(fired))
@@ -111,14 +115,15 @@ def run(
 
 
 def _step(
-    loop_state: LoopState, fired: Iterator[Callback], in_flight: InFlight, fusing: bool
+    loop_state: LoopState, fired: Iterable[Callback], in_flight: InFlight, fusing: bool
 ) -> Group | None:
     """The per-step primitive: runs the step's callbacks in order, commits its logs and
     counts it in flight. When ``fusing`` and a fused callback (K > 1) fires, the callbacks
     before it have run, and the group it starts is returned (the rest of the step runs with
     the group)."""
-    loop_state.logs = Logs()
+    loop_state.logs = _empty_logs(Logs)  # Logs() without its __init__ (nothing to fill)
     if fusing:
+        fired = iter(fired)
         for callback in fired:
             if callback.fusable:
                 size = steps_per_call(callback.fn, loop_state)

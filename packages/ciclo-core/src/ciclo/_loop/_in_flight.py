@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 
+from .._records._host import ARRAY_TYPE
 from .._records._logs import Logs
 
 __all__ = ["InFlight", "default_steps_in_flight", "first_array"]
@@ -85,11 +86,18 @@ class InFlight:
 
 
 def first_array(tree: Any) -> jax.Array | None:
-    if isinstance(tree, Logs):  # the common case, without flattening
+    """The first array of ``tree``: the mark of a step whose results it holds.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp
+        >>> first_array(ciclo.logs().add_metric("n", 1).add_metric("x", jnp.ones(2)))
+        Array([1., 1.], dtype=float32)
+    """
+    if type(tree) is Logs:  # the common case, without flattening
         for values in tree.values():
             for value in values.values():
-                if isinstance(value, jax.Array):
-                    return value
+                if type(value) is ARRAY_TYPE or isinstance(value, jax.Array):
+                    return value  # type: ignore[no-any-return]
         return None
     for leaf in jax.tree_util.tree_leaves(tree):
         if isinstance(leaf, jax.Array):
