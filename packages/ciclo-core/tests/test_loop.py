@@ -412,8 +412,11 @@ def test_steps_in_flight_with_non_scalar_and_zero_logs(max_steps_in_flight):
     assert [v.tolist() for v in history.collect("v")] == [[float(i)] * 2 for i in range(5)]
 
 
-@pytest.mark.parametrize(("backend", "expected"), [("cpu", 2), ("gpu", 8), ("tpu", 8)])
-def test_steps_in_flight_default_to_2_on_a_cpu_and_8_on_an_accelerator(
+@pytest.mark.parametrize(
+    ("backend", "expected"),
+    [("cpu", [(2, 1), (3, 1)]), ("gpu", [(8, 8), (3, 3)]), ("tpu", [(8, 8), (3, 3)])],
+)
+def test_steps_in_flight_default_to_2_marked_each_step_on_a_cpu_and_8_on_an_accelerator(
     monkeypatch, backend, expected
 ):
     from ciclo._loop import _engine
@@ -421,16 +424,37 @@ def test_steps_in_flight_default_to_2_on_a_cpu_and_8_on_an_accelerator(
     limits = []
 
     class Recorded(_engine.InFlight):
-        def __init__(self, limit):
-            limits.append(limit)
-            super().__init__(limit)
+        def __init__(self, limit, every=None):
+            limits.append((limit, every))
+            super().__init__(limit, every)
 
     monkeypatch.setattr(_engine, "InFlight", Recorded)
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
     step = jax.jit(lambda state, batch: (ciclo.logs().add_loss("l", state), state + 1.0))
     ciclo.loop(jnp.zeros(()), ones(3), {ciclo.every(1): step})
     ciclo.loop(jnp.zeros(()), ones(3), {ciclo.every(1): step}, max_steps_in_flight=3)
-    assert limits == [expected, 3]
+    assert limits == expected
+
+
+@pytest.mark.parametrize(("every", "kept"), [(1, [3, 4]), (2, [3]), (None, [3])])
+def test_in_flight_keeps_the_marks_it_has_not_waited_for_yet(every, kept):
+    from ciclo._loop._in_flight import InFlight
+
+    in_flight = InFlight(2, every)
+    arrays = [jnp.full((), float(i)) for i in range(5)]
+    for array in arrays:
+        in_flight.push_tree(array)
+    # every=1: each step waits for the step 2 before; every=2: each 2nd step waits for
+    # the mark made 2 steps before. The marks left are those not waited for.
+    assert [int(mark) for mark in in_flight.marks] == kept
+    assert all(mark is arrays[i] for mark, i in zip(in_flight.marks, kept, strict=True))
+
+
+def test_in_flight_marks_every_must_divide_the_limit():
+    from ciclo._loop._in_flight import InFlight
+
+    with pytest.raises(ValueError, match=r"InFlight\(every=3\) must divide limit=4"):
+        InFlight(4, every=3)
 
 
 def test_donated_state_buffers_do_not_break_the_in_flight_bound():
