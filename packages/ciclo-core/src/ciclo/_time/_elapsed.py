@@ -353,8 +353,11 @@ class elapse(Iterator[tuple[Elapsed, Any]]):
             elapsed = self.elapsed
             pending = self._pending
             if pending is not _NOTHING:  # count the previous batch: Elapsed.update, inlined
-                if fast_size and type(pending) is ndarray and pending.ndim:
-                    size = pending.shape[0]
+                # default_batch_size's fast paths, inlined: an array, or a tuple whose first
+                # item is one (a NumPy array: its shape costs no Python call)
+                first = pending[0] if type(pending) is tuple and pending else pending
+                if fast_size and type(first) is ndarray and first.ndim:
+                    size = first.shape[0]
                 else:
                     size = batch_size(pending)
                 counted = new(Elapsed)
