@@ -7,8 +7,8 @@ from typing import Any
 
 import jax
 
-from .._records._host import ARRAY_TYPE
 from .._records._logs import Logs
+from .._time._elapsed import ARRAY_TYPE
 
 __all__ = ["InFlight", "default_steps_in_flight", "first_array", "marks_every"]
 

@@ -17,8 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._time._elapsed import ARRAY_TYPE
+
 __all__ = [
-    "ARRAY_TYPE",
     "Chunks",
     "is_device_array",
     "is_landed",
@@ -30,11 +31,6 @@ __all__ = [
 
 T = TypeVar("T")
 
-try:  # the type of a computed array: `type(x) is ARRAY_TYPE` before `isinstance(x,
-    # jax.Array)` (84 ns: its metaclass's check) where it runs per step or per value.
-    from jax._src.array import ArrayImpl as ARRAY_TYPE
-except ImportError:  # moved: the isinstance checks alone, as correct
-    ARRAY_TYPE = jax.Array  # type: ignore[assignment,misc]
 
 # Arrays stacked per transfer: a large chunk for a history's backlog (its `max_pending`:
 # a stacking call's cost grows with its arguments, so a large one costs less per value), a
