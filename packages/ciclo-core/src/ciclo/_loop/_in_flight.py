@@ -38,8 +38,9 @@ def marks_every(limit: int) -> int:
 
     On 2 CPU cores, a small MLP (784-128-10) ran at 0.97-0.98 of the hand-written loop when
     the loop waited at every step (for the step 2 before), and at 1.05-1.07 when it waited
-    every 2 or 3 steps, with no more steps queued; a trivial step pays about 0.5 us for it.
-    On an accelerator a wait is a host sync: amortised over ``limit`` steps. See
+    every 2 or 3 steps, with no more steps queued; a trivial step pays about 1 us for it,
+    and a tiny Haiku step whose operations run on one core each a few percent. On an
+    accelerator a wait is a host sync: amortised over ``limit`` steps. See
     benchmarks/NOTES.md.
 
     Example:

@@ -31,7 +31,6 @@ __all__ = [
 
 T = TypeVar("T")
 
-
 # Arrays stacked per transfer: a large chunk for a history's backlog (its `max_pending`:
 # a stacking call's cost grows with its arguments, so a large one costs less per value), a
 # small one for the rest; padded to these sizes so each (shape, dtype) compiles at most twice.
