@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 
-from .._records._logs import Logs
+from .._records._logs import Logs, empty_logs
 from .._time._elapsed import Elapsed, elapse
 from .._time._phases import CALLBACKS, Phases
 from .._time._schedules import Schedule
@@ -31,8 +31,6 @@ from ._state import LoopState
 from ._step import run_callbacks
 
 __all__ = ["run"]
-
-_empty_logs = dict.__new__
 
 
 def run(
@@ -72,7 +70,7 @@ def run(
                 phases.step(elapsed.steps)
             fired: Iterable[Callback]
             if elapsed.steps < plan.next_steps and elapsed.samples < plan.next_samples:
-                fired = iter(plan.steady) if fusing else plan.steady  # the list: no iterator
+                fired = plan.steady  # the list (made an iterator where one is needed)
             else:
                 fired = plan.fired(elapsed)
             if group is not None:  # a fused group is open: does this step extend it?
@@ -121,7 +119,7 @@ def _step(
     counts it in flight. When ``fusing`` and a fused callback (K > 1) fires, the callbacks
     before it have run, and the group it starts is returned (the rest of the step runs with
     the group)."""
-    loop_state.logs = _empty_logs(Logs)  # Logs() without its __init__ (nothing to fill)
+    loop_state.logs = empty_logs()
     if fusing:
         fired = iter(fired)
         for callback in fired:
