@@ -28,26 +28,37 @@ def _general_batch_size(batch):
     return 1
 
 
-@pytest.mark.parametrize(
-    "batch",
-    [
-        np.zeros((4, 2)),
-        jnp.zeros((3,)),
-        np.zeros(()),
-        (np.zeros((5, 784)), np.zeros(5)),
-        (np.zeros(()), np.zeros((7,))),
-        (jnp.zeros((2, 2)),),
-        (),
-        [np.zeros((6,))],
-        {"x": np.zeros((8, 1))},
-        3,
-        2.5,
-        True,
-        np.int64(4),
-    ],
-)
+BATCHES = [
+    np.zeros((4, 2)),
+    jnp.zeros((3,)),
+    np.zeros(()),
+    (np.zeros((5, 784)), np.zeros(5)),
+    (np.zeros(()), np.zeros((7,))),
+    (jnp.zeros((2, 2)),),
+    (jnp.zeros(()), jnp.zeros((9,))),
+    (),
+    [np.zeros((6,))],
+    {"x": np.zeros((8, 1))},
+    3,
+    2.5,
+    True,
+    np.int64(4),
+]
+
+
+@pytest.mark.parametrize("batch", BATCHES)
 def test_default_batch_size_fast_paths_match_the_general_rule(batch) -> None:
     assert default_batch_size(batch) == _general_batch_size(batch)
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+def test_elapse_counts_samples_by_the_general_rule(batch) -> None:
+    # elapse inlines default_batch_size's fast paths: they must count what it counts.
+    steps = ciclo.elapse([batch] * 3)
+    assert [elapsed.samples for elapsed, _ in steps] == [
+        i * _general_batch_size(batch) for i in range(3)
+    ]
+    assert steps.finish().samples == 3 * _general_batch_size(batch)
 
 
 def test_every_step_fast_path_matches_the_general_rule() -> None:
