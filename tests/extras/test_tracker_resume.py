@@ -1,6 +1,7 @@
 """The same tracker run after a restart: a run logged to W&B (offline), MLflow (sqlite),
 TensorBoard, CLU's default writer and CSV is SIGKILLed after it wrote past its last
-checkpoint, then resumed with the same command (no id passed by hand). Each tracker holds one
+checkpoint (paused at a known step), then resumed with the same command less the pause (no
+id passed by hand). Each tracker holds one
 run in which each step is logged once, with the values of an uninterrupted run, read back
 with the tracker's own reader. Then the bad inputs: a run the store no longer holds, another
 run given by hand, files missing where the interrupted run wrote them."""
@@ -36,9 +37,12 @@ pytestmark = pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:D
 CHECKPOINT_ROWS = 2 * training.EVERY + 1  # the newest checkpoint before the kill holds rows 0-12
 
 
-def command(directory: Path, wandb_flush: str) -> list[str]:
+def command(directory: Path, wandb_flush: str, *more: str) -> list[str]:
     script = str(HERE / "tracker_training.py")
-    return [sys.executable, script, str(directory), "--delay", "0.3", "--wandb-flush", wandb_flush]
+    return [
+        sys.executable, script, str(directory), "--delay", "0.3", "--wandb-flush", wandb_flush,
+        *more,
+    ]  # fmt: skip
 
 
 def environment() -> dict[str, str]:
@@ -65,6 +69,17 @@ def wandb_runs(directory: Path) -> dict[str, list[dict]]:
                     }
                 )
     return runs
+
+
+def wandb_steps_so_far(directory: Path) -> list[int]:
+    """The steps of the rows W&B's service has written so far (a record it is still writing
+    is not counted)."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        return [r["_step"] for rows in wandb_runs(directory).values() for r in rows]
+    except (DecodeError, AssertionError):  # the file's header or last record half written
+        return []
 
 
 def wait_for_wandb(directory: Path) -> None:
@@ -150,19 +165,29 @@ def test_every_tracker_continues_the_same_run_after_a_sigkill_each_step_once(tmp
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+    kill_at = CHECKPOINT_ROWS + 3  # the run pauses there: rows 13 and 14 were handed over
     process = subprocess.Popen(
-        command(killed, wandb_flush),
+        command(killed, wandb_flush, "--pause-at", str(kill_at)),
         env=environment(),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
     )
+    after = CHECKPOINT_ROWS - 1  # the step of the checkpoint's last history row
     try:
-        # checkpoint 13 saved at step 12; every writer has written rows 13 and 14 after it
+        # checkpoint 13 saved at step 12; every writer has been handed rows 13 and 14 after it
         assert process.stdout is not None
         for line in process.stdout:
-            if int(line.split()[1]) >= CHECKPOINT_ROWS + 3:
+            if int(line.split()[1]) >= kill_at:
                 break
+        # W&B's service writes in the background: the run is paused, so the kill comes once
+        # it wrote a row after the checkpoint (flushing every 0.05 s), or after 20 times
+        # that (flushing only a full buffer)
+        deadline = time.monotonic() + (30 if wandb_flush != "0" else 1)
+        while time.monotonic() < deadline:
+            if wandb_flush != "0" and max(wandb_steps_so_far(killed), default=-1) > after:
+                break
+            time.sleep(0.05)
         process.send_signal(signal.SIGKILL)
         process.communicate(timeout=60)
         _, errors = straight.communicate(timeout=300)
@@ -175,7 +200,6 @@ def test_every_tracker_continues_the_same_run_after_a_sigkill_each_step_once(tmp
     # the interrupted run wrote past its checkpoint, in every tracker, but W&B when its
     # service stores rows only when a buffer fills: there it lost rows the checkpoint counts
     # as written
-    after = CHECKPOINT_ROWS - 1  # the step of the checkpoint's last history row
     wandb_steps = [r["_step"] for rows in wandb_runs(killed).values() for r in rows]
     if wandb_flush == "0":
         assert max(wandb_steps, default=-1) < after - 1, "W&B: no row was lost"

@@ -4,9 +4,12 @@ the run and continues it after a kill (``resume=`` the checkpoint directory): no
 is passed by hand. For test_tracker_resume.py.
 
     python tracker_training.py DIRECTORY [--delay SECONDS] [--wandb-flush SECONDS]
+                               [--pause-at STEP]
 
 ``--wandb-flush``: how often W&B's service writes its offline file (its
 ``x_transaction_log_flush_interval``, 15 s by default; 0: only when a buffer fills).
+``--pause-at``: the run stops moving at that step (after printing it) until it is killed,
+so a test kills it at a known step once the trackers' files hold what it waits for.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import ciclo
 
 STEPS = 24
 EVERY = 6  # checkpoint period: checkpoints 1, 7, 13, 19 (the count after steps 0, 6, 12, 18)
+PAUSE = 600.0  # seconds at --pause-at: longer than any test waits before it kills the run
 
 
 @jax.jit
@@ -44,14 +48,20 @@ def mlflow_uri(directory: Path) -> str:
     return f"sqlite:///{directory / 'mlflow.db'}"
 
 
-def run(directory: Path, *, delay: float = 0.0, wandb_flush: float | None = None) -> Any:
+def run(
+    directory: Path,
+    *,
+    delay: float = 0.0,
+    wandb_flush: float | None = None,
+    pause_at: int | None = None,
+) -> Any:
     import wandb
 
     batches = [np.full((2,), i, np.float32) for i in range(STEPS)]
 
     def report(state: Any, batch: Any, elapsed: ciclo.Elapsed) -> None:
         print("step", elapsed.steps, flush=True)
-        time.sleep(delay)
+        time.sleep(PAUSE if elapsed.steps == pause_at else delay)
 
     flush = {} if wandb_flush is None else {"x_transaction_log_flush_interval": wandb_flush}
     settings = wandb.Settings(
@@ -88,6 +98,7 @@ if __name__ == "__main__":
     parser.add_argument("directory", type=Path)
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--wandb-flush", type=float, default=None)
+    parser.add_argument("--pause-at", type=int, default=None)
     args = parser.parse_args()
     os.environ.setdefault("WANDB_SILENT", "true")
-    run(args.directory, delay=args.delay, wandb_flush=args.wandb_flush)
+    run(args.directory, delay=args.delay, wandb_flush=args.wandb_flush, pause_at=args.pause_at)
