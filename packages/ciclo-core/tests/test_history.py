@@ -66,6 +66,21 @@ def test_elapsed_fields_and_types():
     assert history.collect("elapsed.steps") == steps
 
 
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copied_history_grows_apart_from_the_original(how):
+    import copy
+    import pickle
+
+    history = ciclo.history()
+    elapsed = ciclo.Elapsed.create()
+    history.commit(elapsed, ciclo.logs().add_metric("m", jnp.float32(1.0)))
+    copied = copy.deepcopy(history) if how == "deepcopy" else pickle.loads(pickle.dumps(history))
+    copied.commit(elapsed.update(batch_size=2), ciclo.logs().add_metric("m", 2.0))
+    history.commit(elapsed.update(batch_size=3), ciclo.logs().add_metric("m", 3.0))
+    assert copied.collect("samples", "m") == ([0, 2], [1.0, 2.0])
+    assert history.collect("samples", "m") == ([0, 3], [1.0, 3.0])
+
+
 def test_sparse_columns_collect_on_rows_where_all_keys_exist():
     history = ciclo.history()
     for i in range(10):

@@ -186,12 +186,9 @@ class History:
         self.fetch_interval = fetch_interval
         self.max_pending = max_pending
         # Every row has its elapsed fields: dense columns from row 0.
-        self._elapsed: dict[str, array[Any]] = {
-            "steps": array("q"),
-            "samples": array("q"),
-            "time": array("d"),
-            "date": array("d"),
-        }
+        self._set_elapsed(
+            {"steps": array("q"), "samples": array("q"), "time": array("d"), "date": array("d")}
+        )
         self._columns: dict[str, _Column] = {}  # "collection.name" -> column
         self._missing_hints: list[Callable[[str], str | None]] = []  # see hint_missing
         self._lookup: dict[str, dict[str, _Column]] = {}  # the same, by collection and name
@@ -208,23 +205,37 @@ class History:
     # `fetch` moves them all to the host at once and extends each column in bulk. Per-value
     # Python work is what makes a history slow at a million rows (and per step). A fused
     # call's block of rows stays one array until fetched (`_blocks`: their positions).
+    def _set_elapsed(self, columns: dict[str, array[Any]]) -> None:
+        self._elapsed = columns
+        # the columns' appends, in _ELAPSED_FIELDS' order (a commit makes no lookup)
+        self._elapsed_appends = tuple(columns[field].append for field in _ELAPSED_FIELDS)
+
+    def __getstate__(self) -> dict[str, Any]:  # copies and pickles: no bound appends
+        state = self.__dict__.copy()
+        del state["_elapsed_appends"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._set_elapsed(self._elapsed)
+
     def _add_elapsed(self, elapsed: Elapsed) -> int:
-        columns = self._elapsed
-        columns["steps"].append(elapsed.steps)
-        columns["samples"].append(elapsed.samples)
-        columns["time"].append(elapsed.time)
-        columns["date"].append(elapsed.date)
+        add_steps, add_samples, add_time, add_date = self._elapsed_appends
+        add_steps(elapsed.steps)
+        add_samples(elapsed.samples)
+        add_time(elapsed.time)
+        add_date(elapsed.date)
         row = self._num_rows
         self._num_rows = row + 1
         return row
 
     def commit(self, elapsed: Elapsed, logs: Mapping[str, Mapping[str, Any]] | None) -> None:
         """Adds one row: the ``elapsed`` fields and every log entry ``collection.name``."""
-        columns = self._elapsed  # _add_elapsed, inlined (once per step)
-        columns["steps"].append(elapsed.steps)
-        columns["samples"].append(elapsed.samples)
-        columns["time"].append(elapsed.time)
-        columns["date"].append(elapsed.date)
+        add_steps, add_samples, add_time, add_date = self._elapsed_appends  # _add_elapsed,
+        add_steps(elapsed.steps)  # inlined (once per step)
+        add_samples(elapsed.samples)
+        add_time(elapsed.time)
+        add_date(elapsed.date)
         row = self._num_rows
         self._num_rows = row + 1
         if not logs:
@@ -412,10 +423,14 @@ class History:
         self._pending, self._blocks, self._num_pending = {}, {}, 0
         self._transit = None
         self._num_rows = int(state["num_rows"])
-        self._elapsed = {
-            field: _from_numpy(state["elapsed"][field], "d" if field in ("time", "date") else "q")
-            for field in _ELAPSED_FIELDS
-        }
+        self._set_elapsed(
+            {
+                field: _from_numpy(
+                    state["elapsed"][field], "d" if field in ("time", "date") else "q"
+                )
+                for field in _ELAPSED_FIELDS
+            }
+        )
         self._columns, self._lookup = {}, {}
         for key, saved in state["columns"].items():
             column = _Column(int(saved["start"]))

@@ -119,7 +119,10 @@ def send_stacked(values: list[Any]) -> Chunks | None:
         return None
     key = first.aval
     for value in values:  # _group_key, inlined: once per value recorded
-        if not (type(value) is ARRAY_TYPE or isinstance(value, jax.Array)) or value.aval != key:
+        if not (type(value) is ARRAY_TYPE or isinstance(value, jax.Array)):
+            return None
+        aval = value.aval  # a compiled step's outputs share theirs: no Python __eq__ then
+        if aval is not key and aval != key:
             return None
     try:
         return _send_chunks(values)
