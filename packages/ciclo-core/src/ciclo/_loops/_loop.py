@@ -92,11 +92,12 @@ def loop(
         batch_size_fn: ``batch -> int`` to count samples (leading dimension by default).
         metadata: free-form data exposed as ``loop_state.metadata``.
         max_steps_in_flight: how many steps JAX may run ahead of Python (0: unbounded).
-            On a CPU, after each step the loop waits for the step that many before it
-            (Python and XLA share its cores: keeping in step with the device is faster
-            there); on an accelerator it marks a step every ``max_steps_in_flight``
-            steps and waits for the mark before it, so at most twice as many are queued,
-            and a step pays a counter. By default 2 on a CPU and 8 on an accelerator.
+            On an accelerator the loop marks a step every ``max_steps_in_flight`` steps
+            and waits for the mark before it, so at most twice as many are queued, and a
+            step pays a counter. On a CPU it does the same while the device keeps up, and
+            while the device is behind it waits after each step for the step that many
+            before it (Python and XLA share its cores: keeping in step with the device
+            is faster there). By default 2 on a CPU and 8 on an accelerator.
         stop_signals: signals that end the loop gracefully: the current step finishes,
             a ``ciclo.checkpoint`` of the loop saves, ``on_end`` runs, then the loop
             returns after Ctrl-C (SIGINT), and the process exits with status
