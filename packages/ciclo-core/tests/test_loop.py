@@ -472,7 +472,7 @@ class _Mark:
         return self
 
 
-def test_an_adaptive_bound_waits_each_step_while_the_device_is_behind_and_looks_every_limit_steps_while_it_keeps_up(
+def test_an_adaptive_bound_waits_each_step_while_behind_and_looks_every_limit_steps_else(
     monkeypatch,
 ):
     from ciclo._loop import _in_flight
