@@ -40,6 +40,7 @@ def compare(
     per: int = 1,
     unit: str = "ms",
     target: str = "",
+    paired: bool = False,
 ) -> list[dict[str, Any]]:
     """Times each candidate ``repeats`` times, alternating; the first is the baseline.
 
@@ -50,6 +51,9 @@ def compare(
         per: divide times by this (e.g. the number of steps) to report per-step times.
         unit: ``"ms"`` or ``"us"`` for the reported times.
         target: the target as text, e.g. ``"ratio <= 1.05"``.
+        paired: each row's ``ratio`` and ``overhead`` are the medians of the per-round
+            ratios and differences to the baseline's run of the same round, which cancel
+            a shared machine's load drifting between rounds (else: of the medians).
     """
     for _ in range(warmup):
         for fn in candidates.values():
@@ -62,7 +66,17 @@ def compare(
             times[label].append(time.perf_counter() - start)
     baseline_label = next(iter(candidates))
     targets = {label: target for label in candidates if label != baseline_label}
-    return summarize(benchmark, times, baseline=baseline_label, targets=targets, unit=unit, per=per)
+    rows = summarize(benchmark, times, baseline=baseline_label, targets=targets, unit=unit, per=per)
+    if paired:
+        scale = {"ms": 1e3, "us": 1e6}[unit] / per
+        base = times[baseline_label]
+        for row in rows:
+            values = times[row["candidate"]]
+            pairs = list(zip(values, base, strict=True))
+            row["ratio"] = statistics.median(t / b for t, b in pairs)
+            row["overhead"] = statistics.median((t - b) * scale for t, b in pairs)
+            row["paired"] = True
+    return rows
 
 
 def summarize(
