@@ -81,6 +81,16 @@ def test_a_copied_history_grows_apart_from_the_original(how):
     assert history.collect("samples", "m") == ([0, 3], [1.0, 3.0])
 
 
+@pytest.mark.parametrize("big", [2**63, np.uint64(2**64 - 1)])
+def test_integers_past_int64_are_kept_exact(big):
+    history = ciclo.history()
+    elapsed = ciclo.Elapsed.create()
+    history.commit(elapsed, ciclo.logs().add_metric("n", big))
+    history.commit(elapsed, ciclo.logs().add_metric("n", 5))
+    history.commit(elapsed, ciclo.logs().add_metric("n", 0.5))
+    assert history.collect("n") == [int(big), 5, 0.5]
+
+
 def test_sparse_columns_collect_on_rows_where_all_keys_exist():
     history = ciclo.history()
     for i in range(10):

@@ -109,6 +109,12 @@ def _expand_blocks(values: list[Any], positions: list[int]) -> list[Any]:
 
 def _pack(values: list[Any]) -> array[Any] | list[Any]:
     """Numbers (Python or NumPy scalars) packed in a typed array; anything else in a list."""
+    if len(values) == 1:  # a host value committed at once (a row's): no NumPy round trip
+        kind = type(values[0])
+        if kind is float:
+            return array("d", values)
+        if kind is int and -(2**63) <= values[0] < 2**63:
+            return array("q", values)
     try:
         packed = np.asarray(values)
     except (ValueError, TypeError):  # ragged arrays and the like
@@ -116,7 +122,9 @@ def _pack(values: list[Any]) -> array[Any] | list[Any]:
     if packed is not None and packed.ndim == 1 and packed.dtype.kind in "iuf":
         if packed.dtype.kind == "f":
             return array("d", packed.astype(np.float64).tobytes())
-        return array("q", packed.astype(np.int64).tobytes())
+        if packed.dtype.kind != "u" or not packed.size or packed.max() < 2**63:
+            return array("q", packed.astype(np.int64).tobytes())
+        # unsigned values past int64's range: kept exact, as Python ints in a list
     return [
         v.item() if isinstance(v, np.generic) or getattr(v, "ndim", None) == 0 else v
         for v in values
