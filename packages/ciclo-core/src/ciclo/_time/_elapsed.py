@@ -355,15 +355,6 @@ class elapse(Iterator[tuple[Elapsed, Any]]):
             self._stop,
         )
         fast_size = batch_size is default_batch_size
-        stop_steps, stop_samples, stop_time, stop_date = (
-            (math.inf,) * 4
-            if stop is None
-            else (
-                math.inf if v is None else v
-                for v in (stop.steps, stop.samples, stop.time, stop.date)
-            )
-        )
-        timed_stop = stop_time != math.inf or stop_date != math.inf
         new, clock_now, ndarray, array_type = _new, _time.time, np.ndarray, ARRAY_TYPE
         while True:
             elapsed = self.elapsed
@@ -399,11 +390,7 @@ class elapse(Iterator[tuple[Elapsed, Any]]):
                 except StopIteration:
                     return
                 elapsed = self.elapsed
-            if stop is not None and (
-                elapsed.steps >= stop_steps
-                or elapsed.samples >= stop_samples
-                or (timed_stop and (elapsed.time >= stop_time or elapsed.date >= stop_date))
-            ):
+            if stop is not None and stop.reached_by(elapsed):
                 self._pending = _NOTHING
                 return
             try:
