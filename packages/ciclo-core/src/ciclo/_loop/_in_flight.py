@@ -104,12 +104,20 @@ class InFlight:
         every = 1 if adaptive else limit if every is None or limit == 0 else every
         if limit and (every < 1 or limit % every):
             raise ValueError(f"InFlight(every={every}) must divide limit={limit}.")
-        self.limit, self.every = limit, every
-        self.held = limit // every if limit > 0 else 0  # marks kept, the oldest waited for
-        self.countdown = every if limit > 0 else -1  # steps until the next mark
+        self.limit = limit
+        if limit > 0:
+            self._mark_every(every)
+        else:  # no mark is ever made
+            self.every, self.held, self.countdown = every, 0, -1
         # waits until the next look (never reaching 0 when not adaptive)
         self.probe = PROBE_EVERY if adaptive else -1
         self.marks: deque[jax.Array] = deque()
+
+    def _mark_every(self, every: int) -> None:
+        """Marks every ``every`` steps from now on, keeping the marks of the last ``limit``
+        steps (the oldest is waited for)."""
+        self.every = self.countdown = every  # countdown: steps until the next mark
+        self.held = self.limit // every
 
     def push_tree(self, *trees: Any) -> None:
         """Counts a step whose results are ``trees`` (the first array found is its mark)."""
@@ -143,14 +151,14 @@ class InFlight:
         """An adaptive bound's look at a mark: done, the bound checks every ``limit`` steps
         (and waits for none); not done, it waits for it, and then at every step."""
         if oldest.is_ready():
-            self.every = self.countdown = self.limit
-            self.held, self.probe = 1, 1
-            while len(self.marks) > 1:
+            self._mark_every(self.limit)
+            self.probe = 1
+            while len(self.marks) > self.held:
                 self.marks.popleft()
             return
         oldest.block_until_ready()
-        self.every = self.countdown = 1
-        self.held, self.probe = self.limit, PROBE_EVERY
+        self._mark_every(1)
+        self.probe = PROBE_EVERY
 
 
 def first_array(tree: Any) -> jax.Array | None:
