@@ -151,10 +151,11 @@ class InFlight:
         """An adaptive bound's look at a mark: done, the bound checks every ``limit`` steps
         (and waits for none); not done, it waits for it, and then at every step."""
         if oldest.is_ready():
-            self._mark_every(self.limit)
+            if self.every != self.limit:  # caught up: from now on a look every limit steps
+                self._mark_every(self.limit)
+                while len(self.marks) > self.held:
+                    self.marks.popleft()
             self.probe = 1
-            while len(self.marks) > self.held:
-                self.marks.popleft()
             return
         oldest.block_until_ready()
         self._mark_every(1)
