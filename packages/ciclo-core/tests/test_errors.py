@@ -209,7 +209,7 @@ def test_a_dataset_factory_passed_uncalled_says_to_call_it():
 def test_a_stop_of_the_wrong_type(stop):
     match = (
         rf"stop must be an int \(steps\) or a ciclo.at\(...\) Period, got .*"
-        rf"\({type(stop).__name__}\)\. Example: stop=1000"
+        rf"\({type(stop).__name__}\); e\.g\. 1000 or ciclo\.at\(samples=600\)\.$"
     )
     with pytest.raises(TypeError, match=match):
         ciclo.loop(None, ONE_BATCH, stop=stop)

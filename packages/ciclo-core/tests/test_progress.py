@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -177,4 +178,39 @@ def test_a_bar_without_a_total_in_a_loop_that_cannot_tell_it_says_what_to_pass()
             jnp.float32(0.0),
             iter(batches(3)),
             {ciclo.every(1): train_step, **ciclo.keras_bar(file=io.StringIO())},
+        )
+
+
+def test_a_bar_leaves_out_the_ledger_seconds_by_default_and_what_exclude_names():
+    # issue 41, item 4: ciclo.goodput() logs ten entries; a bar shows only its ratio.
+    def lines(**options):
+        out = io.StringIO()
+        ledger = ciclo.goodput(steps=2, since="now")
+        bar = ciclo.keras_bar(4, file=out, plain_interval=0, **options)
+        ciclo.loop(jnp.float32(0.0), batches(4), {ciclo.every(1): train_step, **ledger, **bar})
+        return out.getvalue().splitlines()
+
+    final = lines()[-1]
+    assert "goodput: " in final and "goodput_" not in final and "loss: " in final
+    assert "goodput_compile: " in lines(exclude=())[-1]
+    final = lines(exclude=["goodput*", "acc*"])[-1]
+    assert "goodput" not in final and "accuracy" not in final and "loss: " in final
+    with pytest.raises(TypeError, match=r"keras_bar\(exclude=\[3\]\): give names or patterns"):
+        ciclo.keras_bar(4, exclude=[3])
+
+
+def test_a_bar_whose_total_is_short_of_the_run_says_so_once():
+    out = io.StringIO()
+    tasks = {ciclo.every(1): train_step, **ciclo.keras_bar(4, file=out, plain_interval=0)}
+    with pytest.warns(
+        UserWarning, match=r"keras_bar: the loop runs past the bar's total \(4 steps\)"
+    ) as caught:
+        ciclo.loop(jnp.float32(0.0), batches(8), tasks)
+    assert len([w for w in caught if "past the bar's total" in str(w.message)]) == 1
+    assert out.getvalue().splitlines()[-1].startswith("4/4 [")
+    with warnings.catch_warnings():  # an exact total says nothing
+        warnings.simplefilter("error")
+        bar = ciclo.keras_bar(8, file=io.StringIO())
+        ciclo.train_loop(
+            jnp.float32(0.0), batches(8), {ciclo.on_train_step: train_step}, callbacks=[bar]
         )

@@ -206,13 +206,12 @@ def as_period(value: int | Period | None, what: str) -> Period | None:
     if isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_):
         if value < 0:
             raise ValueError(
-                f"{what} must not be negative, got {value!r}. Example: {what}=1000 or "
-                f"{what}=ciclo.at(samples=60_000)."
+                f"{what} must not be negative, got {value!r}; e.g. 1000 or ciclo.at(samples=600)."
             )
         return at(int(value))
     raise TypeError(
         f"{what} must be an int (steps) or a ciclo.at(...) Period, got {value!r} "
-        f"({type(value).__name__}). Example: {what}=1000 or {what}=ciclo.at(samples=60_000)."
+        f"({type(value).__name__}); e.g. 1000 or ciclo.at(samples=600)."
     )
 
 

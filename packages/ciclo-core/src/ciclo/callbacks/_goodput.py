@@ -93,7 +93,8 @@ class Goodput(LoopCallbackBase):
     ``callbacks=``: at each epoch's end; ``{ciclo.every(time=60): ledger}`` is another) it
     logs every bucket as a
     metric, ``goodput_<bucket>`` in seconds, with ``goodput_total`` and ``goodput``; the
-    writers (``writer_logger``, CSV, TensorBoard) write them like any metric. With several
+    writers (``writer_logger``, CSV, TensorBoard) write them like any metric; a bar shows
+    ``goodput`` alone (``keras_bar(exclude=())`` shows the seconds too). With several
     processes each process logs its own ledger and process 0's is the one written out; they
     all log ``goodput_slowest_process``, ``goodput_slowest_step`` (its seconds in steps so
     far) and ``goodput_straggler`` (their ratio to the median process's: 1.0 when the

@@ -9,10 +9,13 @@ without a device sync.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import math
+import re
 import sys
 import time as _time
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any, NamedTuple
 
 from .._loop._base import LoopCallbackBase
@@ -32,6 +35,8 @@ MSG_NO_TOTAL = (
 )
 
 _SHOWN = ("losses", "metrics", "stateful_metrics")
+#: Left out of a bar's line unless asked for: the ledger's seconds (``ciclo.goodput``).
+EXCLUDED = ("goodput_*",)
 
 
 def latest_entries(loop_state: LoopState) -> dict[tuple[str, str], Any]:
@@ -88,8 +93,16 @@ class _Bar(LoopCallbackBase):
         what: str,
         process: int | None = OUTPUT_PROCESS,
         running_mean: bool = False,
+        exclude: Iterable[str] = EXCLUDED,
     ) -> None:
         self.what = what
+        patterns = [exclude] if isinstance(exclude, str) else list(exclude)
+        if not all(isinstance(p, str) for p in patterns):
+            raise TypeError(
+                f"{what}(exclude={exclude!r}): give names or patterns, e.g. 'goodput_*'."
+            )
+        self._excluded = re.compile("|".join(map(fnmatch.translate, patterns)) or "(?!)").match
+        self._overrun = False  # whether a step ran past the total (said once)
         # Without a total, the loop tells it when the bar is first called (see _read_total).
         self.total_from_loop = total is None
         if total is None:
@@ -157,6 +170,14 @@ class _Bar(LoopCallbackBase):
         """Counts the current step; redraws when ``interval`` has passed (or when forced).
         ``training``: called right after a training step (its logs are training entries)."""
         if self.finished:
+            if training and not self._overrun and self._origin is not None:
+                self._overrun = self._count(loop_state.elapsed) >= self.total
+                if self._overrun:
+                    warnings.warn(
+                        f"{self.what}: the loop runs past the bar's total ({self.total:g} "
+                        f"{self.unit}); give the run's length, or no total.",
+                        stacklevel=2,
+                    )
             return
         if self.total_from_loop:
             self._read_total(loop_state)
@@ -192,7 +213,8 @@ class _Bar(LoopCallbackBase):
     def _values(self, loop_state: LoopState, training: bool) -> dict[str, Any]:
         """The values to show, on the host: the latest of each entry, or with
         ``running_mean`` the mean of each training entry over the epoch."""
-        latest = latest_entries(loop_state)
+        excluded = self._excluded
+        latest = {k: v for k, v in latest_entries(loop_state).items() if not excluded(k[1])}
         means = self._means
         if means is None:
             return named_entries(_host.to_host(latest))
@@ -205,7 +227,8 @@ class _Bar(LoopCallbackBase):
                 if self._in_train_loop
                 else loop_state.initial_elapsed.steps  # ciclo.loop: since the loop began
             )
-        return named_entries(means.values(loop_state, latest, by_hand, self._from_step))
+        values = means.values(loop_state, latest, by_hand, self._from_step)
+        return named_entries({k: v for k, v in values.items() if not excluded(k[1])})
 
     def _redraw_interval(self) -> float:
         """Seconds between redraws; never below ``interval``."""
@@ -314,6 +337,8 @@ class KerasBar(_Bar):
             in ``train_loop``; in ``ciclo.loop``, put evaluations after the bar). The
             values between redraws are read from the loop's history when the bar redraws:
             no step waits for the device.
+        exclude: entries left out of the line, by name or pattern (``"val_*"``); by
+            default the ledger's seconds, ``goodput_*`` (``exclude=()`` shows them).
 
     Put it in ``callbacks=[...]`` of :func:`ciclo.train_loop`, or spread it into the tasks of
     :func:`ciclo.loop` (``{**ciclo.keras_bar(1000)}``) after the training step.
@@ -342,8 +367,9 @@ class KerasBar(_Bar):
         file: IO[str] | None = None,
         process: int | None = OUTPUT_PROCESS,
         running_mean: bool = False,
+        exclude: Iterable[str] = EXCLUDED,
     ) -> None:
-        super().__init__(total, interval, file, "keras_bar", process, running_mean)
+        super().__init__(total, interval, file, "keras_bar", process, running_mean, exclude)
         self.plain_interval = plain_interval
         self.width = width
         self._dynamic = dynamic
@@ -416,6 +442,7 @@ class TqdmBar(_Bar):
             ``None`` for every process.
         running_mean: training losses and metrics averaged over the epoch so far, as in
             :class:`KerasBar`.
+        exclude: entries left out, as in :class:`KerasBar`.
         **tqdm_kwargs: passed to ``tqdm`` (``desc``, ``ncols``, ``leave``...).
 
     Use it like :class:`KerasBar`.
@@ -437,9 +464,10 @@ class TqdmBar(_Bar):
         file: IO[str] | None = None,
         process: int | None = OUTPUT_PROCESS,
         running_mean: bool = False,
+        exclude: Iterable[str] = EXCLUDED,
         **tqdm_kwargs: Any,
     ) -> None:
-        super().__init__(total, interval, file, "tqdm_bar", process, running_mean)
+        super().__init__(total, interval, file, "tqdm_bar", process, running_mean, exclude)
         self.tqdm_kwargs = tqdm_kwargs
         self.bar: Any = None
 
