@@ -145,8 +145,10 @@ def test_an_early_stopped_run_continues_only_when_asked(tmp_path, capsys):
     before = on_disk(tmp_path)
     capsys.readouterr()
 
+    best_step = stopper.best_step
     stopper = ciclo.early_stopping("loss_test", patience=1, verbose=False)
     again, again_history, again_elapsed = train(tmp_path, epochs=6, callbacks=[stopper])
+    assert stopper.best_step == best_step is not None  # restored from the checkpoint
     err = capsys.readouterr().err
     assert "already ended after 8 steps (early stopping ended it)" in err
     assert "To train on, give resume_stopped=True." in err

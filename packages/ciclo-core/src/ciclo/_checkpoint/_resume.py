@@ -168,10 +168,13 @@ def skip_consumed(dataset: Any, position: int, state: Any) -> Iterable[Any]:
     if iterated_by_index(dataset):
         return _from_index(dataset, position)
     if writes_here(OUTPUT_PROCESS):
-        kind = f"a {type(dataset).__name__}"
         grain = type(dataset).__module__.split(".")[0] == "grain"
+        kind, hint = getattr(dataset, "replay_words", None) or (
+            f"a {type(dataset).__name__}",
+            _GRAIN_HINT if grain else _SEEK_HINT,
+        )
         print(
-            _REPLAYING.format(count=position, kind=kind, hint=_GRAIN_HINT if grain else _SEEK_HINT),
+            _REPLAYING.format(count=position, kind=kind, hint=hint),
             file=sys.stderr,
             flush=True,
         )
@@ -363,7 +366,7 @@ def _finished(
     ``manager`` unless ``contents`` holds it), marks the loop finished and says so."""
     if contents is None:  # the final checkpoint itself, even of a non-finite state
         contents = _format.read(manager, path, step, loop_state.state, copies=False)
-    _put_back_run(contents, loop_state)
+    put_back(contents, path, loop_state)  # the callbacks too: early_stopping's best_step
     loop_state.resumed = loop_state.finished = True
     loop_state.ending = ending
     if writes_here(OUTPUT_PROCESS):

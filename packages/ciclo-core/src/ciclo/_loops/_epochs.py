@@ -47,6 +47,9 @@ class Passes(Iterable[Any]):
         [(1, False), (2, True), (1, False), (2, True)]
     """
 
+    #: How a resume that replays names it (``_resume.skip_consumed``).
+    replay_words = ("the epochs of train_dataset", " (docs/loops.md: Shuffling each epoch)")
+
     def __init__(self, make: Callable[[], Iterable[Any]], epochs: int, first: Any) -> None:
         self.make, self.epochs = make, epochs
         self._first = first  # the first epoch's data, made when the length was read

@@ -446,8 +446,22 @@ def _check_keywords(loop_kwargs: Mapping[str, Any]) -> None:
         known = [*inspect.signature(train_loop).parameters, *passed_on]
         known.remove("loop_kwargs")
         close = difflib.get_close_matches(key, known, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = f" Keras' {key}= is {_KERAS[key]}." if key in _KERAS else ""
+        hint = hint or (f" Did you mean {close[0]!r}?" if close else "")
         raise TypeError(f"train_loop() got an unexpected keyword argument {key!r}.{hint}")
+
+
+#: Keras' ``fit`` keywords, and what ciclo takes for each.
+_KERAS = {
+    "validation_data": "test_dataset= (batches, or a function returning them)",
+    "validation_freq": "test_every=",
+    "validation_steps": "test_duration=",
+    "steps_per_epoch": "epoch_duration=",
+    "batch_size": "the size of the batches you give in train_dataset",
+    "shuffle": "a function returning each epoch's batches (docs/loops.md)",
+    "verbose": "a bar: callbacks=[ciclo.keras_bar()] (none by default)",
+    "initial_epoch": "resume= (a checkpoint directory)",
+}
 
 
 _ARRAY_AS_TASKS = (

@@ -1,0 +1,50 @@
+"""What a new user met (issue 41, items 4-10 and the leftovers): each a clear message or
+a documented behaviour."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ciclo
+
+BATCHES = [np.ones((2, 1), np.float32)] * 4
+
+
+def train_step(state, batch):
+    return ciclo.logs().add_loss("loss", jnp.mean(batch)), state
+
+
+@pytest.mark.parametrize(
+    ("keyword", "hint"),
+    [
+        ("validation_data", r"Keras' validation_data= is test_dataset="),
+        ("batch_size", r"Keras' batch_size= is the size of the batches you give in train_dataset"),
+        ("verbose", r"Keras' verbose= is a bar: callbacks=\[ciclo.keras_bar\(\)\]"),
+        ("shuffle", r"Keras' shuffle= is a function returning each epoch's batches"),
+        ("steps_per_epoch", r"Keras' steps_per_epoch= is epoch_duration="),
+    ],
+)
+def test_keras_keywords_of_train_loop_name_ciclos_counterpart(keyword, hint):
+    with pytest.raises(TypeError, match=rf"unexpected keyword argument '{keyword}'\. {hint}"):
+        ciclo.train_loop(None, BATCHES, {ciclo.on_train_step: train_step}, **{keyword: 1})
+
+
+def test_a_resume_that_replays_train_loops_epochs_names_them_and_the_recipe(tmp_path, capsys):
+    # issue 41, item 5: not "a Passes cannot seek".
+    def run(epochs):
+        ckpt = ciclo.checkpoint(tmp_path, async_save=False)
+        tasks = {ciclo.on_train_step: train_step}
+        return ciclo.train_loop(
+            None, lambda: BATCHES, tasks, epochs=epochs, callbacks=[ckpt], resume=ckpt
+        )
+
+    run(2)
+    capsys.readouterr()
+    assert run(3)[2].steps == 12
+    assert (
+        "replaying 8 batches: the epochs of train_dataset cannot seek (docs/loops.md: Shuffling "
+        "each epoch)." in capsys.readouterr().err
+    )
