@@ -48,3 +48,22 @@ def test_a_resume_that_replays_train_loops_epochs_names_them_and_the_recipe(tmp_
         "replaying 8 batches: the epochs of train_dataset cannot seek (docs/loops.md: Shuffling "
         "each epoch)." in capsys.readouterr().err
     )
+
+
+def test_an_extra_field_that_is_no_array_is_static_metadata(tmp_path):
+    # issue 41, item 8: label="run-a" failed at the first step with a raw JAX TypeError.
+    import optax
+
+    @ciclo.managed.train_step
+    def step(state, batch):
+        return ciclo.logs().add_loss("loss", jnp.sum(state.params["w"] * batch))
+
+    state = ciclo.managed.ManagedState.create(
+        params={"w": jnp.ones(1)}, tx=optax.sgd(0.1), label="run-a", seen=jnp.zeros(())
+    )
+    assert state.label == "run-a" and jax.tree.leaves(state.extra) == [state.seen]
+    ckpt = ciclo.checkpoint(tmp_path, async_save=False)
+    state, _, _ = ciclo.loop(state, BATCHES, {ciclo.every(1): [step, ckpt]}, resume=ckpt)
+    assert state.label == "run-a" and state.replace(label="run-b").label == "run-b"
+    with pytest.raises(TypeError, match=r"extra field 'tags' holds strings: give arrays, or wrap"):
+        ciclo.managed.ManagedState.create(params={}, tx=None, tags={"a": "x"})

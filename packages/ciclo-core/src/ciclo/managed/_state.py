@@ -163,7 +163,7 @@ class ManagedState:
                 hint = cls.keyword_extras
                 raise unknown_name_error(where, "keyword", name, candidates, extra_hint=hint)
             extra[name] = fields[name]
-        extra = {name: keep_static(value) for name, value in extra.items()}
+        extra = {name: keep_static(value, f"extra field {name!r}") for name, value in extra.items()}
         state = cls(
             step=jnp.zeros((), jnp.int32),
             params=params,
@@ -214,7 +214,10 @@ class ManagedState:
             changes = {k: v for k, v in changes.items() if k in own}
             changes["extra"] = {
                 **extra,
-                **{name: keep_static(value) for name, value in extra_changes.items()},
+                **{
+                    n: keep_static(value, f"extra field {n!r}")
+                    for n, value in extra_changes.items()
+                },
             }
         return dataclasses.replace(self, **changes)
 

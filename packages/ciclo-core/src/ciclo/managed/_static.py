@@ -89,17 +89,31 @@ def shared(static: Static) -> Static:
     return static
 
 
-def keep_static(value: Any) -> Any:
-    """``value`` as a :class:`Static` when it is a function, a method or a
-    ``functools.partial`` (an extra field such as ``apply_fn=module.apply``); anything else
-    as it is (callable pytrees such as Equinox modules stay data).
+def keep_static(value: Any, name: str = "value") -> Any:
+    """``value`` as a :class:`Static` when it is a function, a ``functools.partial`` or any
+    other single object that is no array (an extra field such as ``apply_fn=module.apply``
+    or ``label="run-a"``: static metadata); arrays, numbers and pytrees of them as they are
+    (callable pytrees such as Equinox modules stay data).
+
+    Raises:
+        TypeError: a pytree holding strings (a compiled step cannot take them).
 
     Example:
-        >>> keep_static(len), keep_static(3)
-        (Static(<built-in function len>), 3)
+        >>> keep_static(len), keep_static(3), keep_static("run-a")
+        (Static(<built-in function len>), 3, Static('run-a'))
     """
     if inspect.isfunction(value) or inspect.ismethod(value) or inspect.isbuiltin(value):
         return Static(value)
-    if isinstance(value, functools.partial):
+    if isinstance(value, functools.partial | str | bytes):
         return Static(value)
+    leaves = jax.tree_util.tree_leaves(value)
+    if len(leaves) == 1 and leaves[0] is value and not _is_data(value):
+        return Static(value)
+    if any(isinstance(leaf, str | bytes) for leaf in leaves):
+        raise TypeError(f"{name} holds strings: give arrays, or wrap it in ciclo.adapters.Static.")
     return value
+
+
+def _is_data(leaf: Any) -> bool:
+    """Whether a compiled step takes ``leaf`` as data: an array or a number."""
+    return hasattr(leaf, "dtype") or isinstance(leaf, int | float | complex)
