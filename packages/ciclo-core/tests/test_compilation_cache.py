@@ -5,6 +5,7 @@ monitoring events); a cache the user set in JAX is kept; bad settings are clear 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -128,3 +129,16 @@ def test_the_cache_ends_with_the_checkpoint_s_loop(tmp_path, jax_cache_of_its_ow
     assert jax.config.jax_persistent_cache_min_compile_time_secs == 1.0
     shutil.rmtree(directory)
     (jax.numpy.arange(4) * 11 + 3).block_until_ready()  # no warning (an error in the tests)
+
+
+def test_an_unwritable_cache_directory_is_an_error_at_once(tmp_path, jax_cache_of_its_own):
+    # issue 41: it was accepted, then JAX warned at each compilation.
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    readonly.chmod(0o555)
+    if os.access(readonly, os.W_OK):  # root ignores permissions; /sys refuses even root
+        readonly = Path("/sys")
+    match = r"compilation_cache=\.\.\.\): cannot write to '.*cache' \(.*\); give a writable"
+    with pytest.raises(PermissionError, match=match):
+        ciclo.checkpoint(tmp_path / "ckpt", compilation_cache=readonly / "cache")
+    assert jax.config.jax_compilation_cache_dir is None  # nothing was changed

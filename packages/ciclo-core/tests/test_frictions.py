@@ -67,3 +67,23 @@ def test_an_extra_field_that_is_no_array_is_static_metadata(tmp_path):
     assert state.label == "run-a" and state.replace(label="run-b").label == "run-b"
     with pytest.raises(TypeError, match=r"extra field 'tags' holds strings: give arrays, or wrap"):
         ciclo.managed.ManagedState.create(params={}, tx=None, tags={"a": "x"})
+
+
+def test_resume_stopped_without_resume_is_an_error():
+    match = r"loop\(resume_stopped=True\) continues a run: give resume=its directory\."
+    with pytest.raises(ValueError, match=match):
+        ciclo.loop(None, BATCHES, {ciclo.every(1): train_step}, resume_stopped=True)
+    with pytest.raises(ValueError, match=match):
+        ciclo.train_loop(None, BATCHES, {ciclo.on_train_step: train_step}, resume_stopped=True)
+
+
+def test_training_in_float16_without_a_loss_scale_is_an_error():
+    import optax
+
+    create = ciclo.managed.ManagedState.create
+    with pytest.raises(
+        ValueError, match=r"float16 underflows gradients: give loss_scale='dynamic'"
+    ):
+        create(params={"w": jnp.ones(1)}, tx=optax.sgd(0.1), compute_dtype=jnp.float16)
+    create(params={"w": jnp.ones(1)}, tx=None, compute_dtype=jnp.float16)  # evaluation only
+    create(params={"w": jnp.ones(1)}, tx=optax.sgd(0.1), compute_dtype=jnp.float16, loss_scale=1.0)

@@ -303,3 +303,15 @@ def test_evaluate_checkpoints_restores_each_checkpoint_into_a_lazy_state(tmp_pat
     assert factory.calls == ["built", "traced"]  # traced once for every checkpoint
     assert lazy.collect("steps", "mse") == eager.collect("steps", "mse")
     assert lazy.collect("steps") == [4, 7]  # keep=2
+
+
+def test_a_function_that_takes_arguments_is_an_error_at_once() -> None:
+    def new_state(seed):
+        return {"w": jnp.zeros(3) + seed}
+
+    with pytest.raises(
+        TypeError,
+        match=r"got <function .*new_state.*: pass lazy_state\(new_state\), .* Bind its arguments first\.$",
+    ):
+        ciclo.lazy_state(new_state)  # type: ignore[arg-type]
+    assert ciclo.lazy_state(lambda seed=0: new_state(seed)).build()["w"].shape == (3,)

@@ -19,6 +19,7 @@ directory must be one every process sees, as the checkpoint directory already is
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Any
 
 import jax
@@ -139,6 +140,8 @@ def use_compilation_cache(setting: Any, checkpoint_directory: str) -> str | None
             _jax_cache.reset_cache()
         return None
     if wanted != current:
+        if "://" not in wanted:  # else JAX would warn at each compilation
+            _check_writable(wanted)
         _set(_DIR, wanted)
         _jax_cache.reset_cache()  # JAX reads the directory once, at its next compilation
     if _ours["threshold"] is None and _default_threshold():
@@ -146,6 +149,18 @@ def use_compilation_cache(setting: Any, checkpoint_directory: str) -> str | None
         _set(_THRESHOLD, 0.0)
     _ours["dir"] = wanted
     return wanted
+
+
+def _check_writable(path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".ciclo-write-test-"):
+            pass
+    except OSError as error:
+        raise PermissionError(
+            f"ciclo.checkpoint(compilation_cache=...): cannot write to {path!r} "
+            f"({error.strerror}); give a writable directory, or False."
+        ) from error
 
 
 def release_compilation_cache(directory: str | None) -> None:

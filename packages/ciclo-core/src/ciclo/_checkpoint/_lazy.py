@@ -15,6 +15,7 @@ is restored as a freshly built one would be: uncommitted, on the default device.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -24,8 +25,8 @@ from jax.extend import core as jex_core
 T = TypeVar("T")
 
 _NOT_CALLABLE = (
-    "ciclo.lazy_state(fn) takes a function of no arguments that returns the initial state, "
-    "got {got!r}. Pass the function itself: lazy_state(new_state), not lazy_state(new_state())."
+    "ciclo.lazy_state(fn) takes a function of no arguments returning the initial state, got "
+    "{got!r}: pass lazy_state(new_state), not lazy_state(new_state())."
 )
 _NOT_ARRAYS = (
     "ciclo.lazy_state({fn!r}): a resume traces the function, so the state it returns must be "
@@ -74,6 +75,14 @@ class LazyState(Generic[T]):
     def __init__(self, build: Callable[[], T]) -> None:
         if not callable(build):
             raise TypeError(_NOT_CALLABLE.format(got=build))
+        try:
+            inspect.signature(build).bind()
+        except TypeError:
+            raise TypeError(
+                _NOT_CALLABLE.format(got=build) + " Bind its arguments first."
+            ) from None
+        except ValueError:  # no signature to read (some builtins): called as it is
+            pass
         self.build = build
         self._shapes: Any = None
 

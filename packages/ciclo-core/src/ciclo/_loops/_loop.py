@@ -179,6 +179,8 @@ def loop(
     check_arguments(history, elapsed, batch_size_fn, stop_signals)
     if not isinstance(resume_stopped, bool):
         raise TypeError(f"loop(resume_stopped={resume_stopped!r}): expected True or False.")
+    if resume_stopped and resume is None:
+        raise ValueError("loop(resume_stopped=True) continues a run: give resume=its directory.")
     check_dataset(dataset)
     if batch_size_fn is not None:
         batch_size_fn = checked_batch_size_fn(batch_size_fn)

@@ -228,9 +228,9 @@ def as_loss_scale(value: Any) -> LossScale | None:
     return LossScale.create(value)
 
 
-def precision_fields(compute_dtype: Any, loss_scale: Any) -> dict[str, Any]:
+def precision_fields(compute_dtype: Any, loss_scale: Any, trains: bool = True) -> dict[str, Any]:
     """The fields of a new state with the ``compute_dtype`` and ``loss_scale`` options
-    (none when neither is given).
+    (none when neither is given); float16 gradients need a loss scale when it ``trains``.
 
     Example:
         >>> import jax.numpy as jnp
@@ -242,6 +242,8 @@ def precision_fields(compute_dtype: Any, loss_scale: Any) -> dict[str, Any]:
     if dtype is not None:
         fields["compute_dtype"] = dtype
     scale = as_loss_scale(loss_scale)
+    if dtype == jnp.float16 and scale is None and trains:
+        raise ValueError("compute_dtype=float16 underflows gradients: give loss_scale='dynamic'.")
     if scale is not None:
         fields["loss_scale"] = scale
     return fields

@@ -116,8 +116,9 @@ class ManagedState:
                 ``jnp.bfloat16``); ``params`` and ``opt_state`` stay as they are (float32),
                 the step casts the parameters and the batch's floating-point arrays to it,
                 and its logs are float32. ``None``: compute in the parameters' dtype.
-            loss_scale: for ``float16``: a number (static), ``"dynamic"`` or a
-                :class:`~ciclo.managed.LossScale`; ``None`` (default) scales nothing.
+            loss_scale: for ``float16`` (required to train in it): a number (static),
+                ``"dynamic"`` or a :class:`~ciclo.managed.LossScale`; ``None`` (default)
+                scales nothing.
             ema: keep ``ema_params``, the moving average of the parameters with this decay
                 (e.g. ``0.999``), updated after each optimizer update; ``train_loop``
                 evaluates it too (entries ``<name>_test_ema``). ``None``: no average.
@@ -172,7 +173,11 @@ class ManagedState:
             extra=extra,
             tx=tx,
             strategy=get_strategy(strategy),
-            **{**precision_fields(compute_dtype, loss_scale), **ema_fields(params, ema), **known},
+            **{
+                **precision_fields(compute_dtype, loss_scale, tx is not None),
+                **ema_fields(params, ema),
+                **known,
+            },
         )
         return cast(S, state.strategy.place_state(state))
 
