@@ -8,6 +8,7 @@ import io
 import os
 import struct
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -81,6 +82,15 @@ def test_csv_logger_widens_its_header_and_appends(tmp_path):
     assert read_csv(path)[-1]["accuracy_test"] == ""
     with pytest.raises(FileNotFoundError, match=r"csv_logger: the directory of .* does not exist"):
         ciclo.csv_logger(tmp_path / "missing" / "log.csv")
+    with pytest.raises(IsADirectoryError, match=r"csv_logger: '.*' is a directory; give a file"):
+        ciclo.csv_logger(tmp_path)
+    readonly = tmp_path / "readonly"  # issue 41: it failed only at the first epoch's end
+    readonly.mkdir()
+    readonly.chmod(0o555)
+    if os.access(readonly, os.W_OK):  # root ignores permissions; /sys refuses even root
+        readonly = Path("/sys")
+    with pytest.raises(PermissionError, match=r"csv_logger: cannot write in '.*'\.$"):
+        ciclo.csv_logger(readonly / "log.csv")
 
 
 def read_events(logdir):

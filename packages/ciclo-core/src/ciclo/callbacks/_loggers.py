@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
+import tempfile
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -52,8 +53,9 @@ class CSVLogger(LoopCallbackBase):
 
     Columns: ``steps``, ``samples``, ``time`` (the count of the row, as in the history),
     then the latest value of every scalar loss and metric, evaluation entries included
-    (``loss``, ``accuracy``, ``accuracy_test``...). A column that appears later (the first
-    evaluation) widens the header; earlier rows leave it empty.
+    (``loss``, ``accuracy``, ``accuracy_test``...), as the bars and ``history.collect`` give
+    them at that step; ``running_mean=True`` writes Keras' epoch means instead. A column
+    that appears later (the first evaluation) widens the header; earlier rows leave it empty.
 
     With ``ciclo.checkpoint``, a checkpoint holds the file's path and how many rows it had;
     a run resumed from it keeps those rows and drops the ones the interrupted run wrote after
@@ -116,16 +118,8 @@ class CSVLogger(LoopCallbackBase):
         self.columns: list[str] = []
         self.rows: list[dict[str, Any]] = []
         self._loaded = not append
-        if writes_here(self.process) and not self.path.parent.exists():
-            raise FileNotFoundError(
-                f"csv_logger: the directory of {str(self.path)!r} does not exist; create it "
-                f"first (e.g. os.makedirs({str(self.path.parent)!r}, exist_ok=True))."
-            )
-        if writes_here(self.process) and self.path.is_dir():
-            raise IsADirectoryError(
-                f"csv_logger: {str(self.path)!r} is a directory; give the path of the CSV "
-                f"file to write, e.g. ciclo.csv_logger({str(self.path / 'log.csv')!r})."
-            )
+        if writes_here(self.process):
+            _check_writable(self.path)
 
     def _read(self) -> tuple[list[str], list[dict[str, Any]]]:
         if self.path.exists() and self.path.stat().st_size:
@@ -241,6 +235,19 @@ class CSVLogger(LoopCallbackBase):
 
     def on_epoch_end(self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState) -> None:
         self.write(loop_state)
+
+
+def _check_writable(path: Path) -> None:
+    """Refuses a CSV path that cannot be written, at once rather than at the first row."""
+    if not path.parent.exists():
+        raise FileNotFoundError(f"csv_logger: the directory of {str(path)!r} does not exist.")
+    if path.is_dir():
+        raise IsADirectoryError(f"csv_logger: {str(path)!r} is a directory; give a file's path.")
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".ciclo-write-test-"):
+            pass
+    except OSError as error:
+        raise PermissionError(f"csv_logger: cannot write in {str(path.parent)!r}.") from error
 
 
 csv_logger = CSVLogger
