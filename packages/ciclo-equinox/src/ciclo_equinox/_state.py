@@ -78,6 +78,7 @@ class EquinoxState(AdapterState):
                 return self._call(model, inputs, model_state, key)
             except (TypeError, ValueError) as error:
                 if not self._runs_per_example(model, inputs, model_state, key):
+                    _raise_other_inputs(model, inputs, error)
                     raise
                 name = type(model).__name__
                 raise type(error)(_PER_EXAMPLE.format(name=name, error=error)) from error
@@ -90,8 +91,9 @@ class EquinoxState(AdapterState):
                 out_axes=(0, None),
                 axis_name=self.axis_name,
             )(inputs, keys)
-        except ValueError as error:
+        except (TypeError, ValueError) as error:
             if "out_axes" not in str(error) or model_state is None:
+                _raise_other_inputs(model, inputs, error)
                 raise
             raise ValueError(
                 _STATE_DIFFERS.format(name=type(model).__name__, axis_name=self.axis_name)
@@ -128,6 +130,18 @@ class EquinoxState(AdapterState):
                 _NOT_OUT_AND_STATE.format(name=type(model).__name__, out=_describe(out))
             )
         return out[0], out[1]
+
+
+def _raise_other_inputs(model: Any, inputs: Any, error: Exception) -> None:
+    """Explains ``error`` when it is about shapes: the model was built for other inputs."""
+    if "shape" not in str(error):
+        return
+    shapes = jax.tree.map(lambda x: tuple(getattr(x, "shape", ())), inputs)
+    raise type(error)(
+        f"ciclo_equinox: {type(model).__name__} does not run on this batch's inputs (shapes "
+        f"{shapes}): it was built for inputs of another shape (a wrong feature count?). "
+        f"Equinox: {error}"
+    ) from error
 
 
 def _describe(value: Any) -> str:

@@ -60,10 +60,23 @@ class HaikuState(AdapterState):
         leading = (params, model_state) if self.with_state else (params,)
         if self.apply_rng:
             leading += (key,)
-        out = self.transformed.apply(
-            *leading, inputs, **training_kwargs(self.training_arg, training)
-        )
+        try:
+            out = self.transformed.apply(
+                *leading, inputs, **training_kwargs(self.training_arg, training)
+            )
+        except ValueError as error:
+            if "does not match shape" not in str(error):
+                raise
+            shapes = jax.tree.map(lambda x: tuple(getattr(x, "shape", ())), inputs)
+            raise ValueError(_OTHER_INPUTS.format(shapes=shapes, error=error)) from None
         return out if self.with_state else (out, model_state)
+
+
+_OTHER_INPUTS = (
+    "ciclo_haiku: the parameters do not fit this batch's inputs (shapes {shapes}): "
+    "create_state initialised them from inputs of another shape; give it a sample of the "
+    "real inputs. Haiku: {error}"
+)
 
 
 def create_state(
