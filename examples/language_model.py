@@ -32,6 +32,7 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import argparse
+import json
 import math
 import sysconfig
 import tempfile
@@ -176,10 +177,25 @@ def model_flops_per_token(params: int, layers: int, width: int, length: int) -> 
 PEAKS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "TPU v4": 275e12, "TPU v5p": 459e12}
 
 
-def peak_flops(dtype: jnp.dtype = jnp.bfloat16) -> tuple[float, str]:
+def peak_flops(dtype: jnp.dtype = jnp.bfloat16, directory: str | None = None) -> tuple[float, str]:
     """The devices' peak FLOP/s and where the figure comes from: the datasheet of a known
     accelerator, else (a CPU) the best of three timings of one large matmul per device,
-    all devices at once (as the sharded step runs them)."""
+    all devices at once (as the sharded step runs them), measured once per run: kept in
+    ``directory`` (the checkpoints'), so that a resumed run divides by the same peak."""
+    kept = None if directory is None else os.path.join(directory, "peak_flops.json")
+    if kept is not None and os.path.exists(kept):
+        with open(kept) as file:
+            peak, source = json.load(file)
+        return peak, f"{source}, measured when the run began"
+    peak, source = _peak_flops(dtype)
+    if kept is not None:
+        os.makedirs(directory, exist_ok=True)
+        with open(kept, "w") as file:
+            json.dump([peak, source], file)
+    return peak, source
+
+
+def _peak_flops(dtype: jnp.dtype) -> tuple[float, str]:
     kind = jax.devices()[0].device_kind
     for name, peak in PEAKS.items():
         if name.lower() in kind.lower():
@@ -217,6 +233,7 @@ def parse_args() -> argparse.Namespace:
     add("--ema", type=float, default=0.99, help="decay of the averaged weights")
     add("--tensor", type=int, default=2, help="devices on the 'model' (tensor) axis")
     add("--eval-every", type=int, default=50, help="steps between evaluations")
+    add("--peak-flops", type=float, default=None, help="the devices' peak FLOP/s, for MFU")
     add("--checkpoint-dir", default=None, help="resume from (and save to) this directory")
     add("--checkpoint-every", type=int, default=50)
     add("--generate", type=int, default=80, help="bytes to generate at the end")
@@ -286,14 +303,20 @@ def main() -> None:
         ema=args.ema,
     )
     tokens = args.batch_size * args.length
-    peak, peak_source = peak_flops()
-    flops = model_flops_per_token(params, args.layers, args.width, args.length) * tokens
     directory = args.checkpoint_dir or tempfile.mkdtemp(prefix="language_model-")
+    peak, peak_source = (
+        (args.peak_flops, "--peak-flops") if args.peak_flops else peak_flops(directory=directory)
+    )
+    flops = model_flops_per_token(params, args.layers, args.width, args.length) * tokens
+    first_step = []  # where this process began (after a resume, the checkpoint's step)
     evaluation = eval_batches(held_out, 64, 32, args.length)
     state, history, elapsed = ciclo.train_loop(
         state,
         ByteBatches(train_bytes, args.batch_size, args.length),
-        {ciclo.every(args.checkpoint_every): ciclo.checkpoint(directory, keep=2)},
+        {
+            ciclo.every(args.checkpoint_every): ciclo.checkpoint(directory, keep=2),
+            ciclo.on_train_begin: lambda state, batch, elapsed: first_step.append(elapsed.steps),
+        },
         callbacks=[
             ciclo.throughput(10, flops_per_step=flops, peak_flops=peak),
             ciclo.tqdm_bar(total=args.steps),
@@ -310,13 +333,17 @@ def main() -> None:
             f"step {step + 1}: held-out perplexity {math.exp(loss):.2f} "
             f"(averaged weights {math.exp(ema_loss):.2f})"
         )
+    begun = first_step[0] if first_step else elapsed.steps  # none: a finished run
+    timing = f"{elapsed.steps - begun} steps in {time.perf_counter() - started:.0f} s"
+    timing += f" (resumed at step {begun} of {elapsed.steps})" if begun else ""
     speeds = history.collect("samples_per_second", "mfu")
     if speeds[0]:
         print(
             f"throughput: {np.median(speeds[0]):,.0f} tokens/s, MFU {np.median(speeds[1]):.1%} "
-            f"(peak {peak:.3g} FLOP/s, {peak_source}); "
-            f"{elapsed.steps} steps in {time.perf_counter() - started:.0f} s"
+            f"(peak {peak:.3g} FLOP/s, {peak_source}); {timing}"
         )
+    else:
+        print(timing)
     for text in generate(
         state, [b"def ", b"import ", b"class ", b"    return "], args.generate, args.length
     ):

@@ -5,6 +5,7 @@ averaged parameters) as a run that was never interrupted."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,7 +75,13 @@ def test_sigkill_then_the_same_command_ends_with_the_parameters_of_an_uninterrup
     assert killed_at[-1] < 12, killed_at
     assert not resumed.exists()
 
-    run_to_the_end(directory, resumed)
+    summary = re.search(
+        r"(\d+) steps in \d+ s \(resumed at step (\d+) of 12\)",
+        run_to_the_end(directory, resumed),
+    )
+    assert summary, "the summary counts the steps this process ran"
+    assert int(summary[1]) + int(summary[2]) == 12
+    assert int(summary[2]) in killed_at
     expected, got = np.load(uninterrupted), np.load(resumed)
     assert len(expected.files) == len(got.files) > 0
     for name in expected.files:
