@@ -137,11 +137,8 @@ def _raise_other_inputs(model: Any, inputs: Any, error: Exception) -> None:
     if "shape" not in str(error):
         return
     shapes = jax.tree.map(lambda x: tuple(getattr(x, "shape", ())), inputs)
-    raise type(error)(
-        f"ciclo_equinox: {type(model).__name__} does not run on this batch's inputs (shapes "
-        f"{shapes}): it was built for inputs of another shape (a wrong feature count?). "
-        f"Equinox: {error}"
-    ) from error
+    name = type(model).__name__
+    raise type(error)(_OTHER_INPUTS.format(name=name, shapes=shapes, error=error)) from error
 
 
 def _describe(value: Any) -> str:
@@ -319,6 +316,10 @@ def create_state(
     )
 
 
+_OTHER_INPUTS = (
+    "ciclo_equinox: {name} does not run on this batch's inputs (shapes {shapes}): it was "
+    "built for inputs of another shape (a wrong feature count?). Equinox: {error}"
+)
 _PER_EXAMPLE = (
     "{name} failed on a batch of inputs ({error}), but it runs on a single example: it is a "
     "per-example model (the usual Equinox idiom). Use create_state(..., vmap=True) so ciclo "

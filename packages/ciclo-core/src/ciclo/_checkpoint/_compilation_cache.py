@@ -41,16 +41,13 @@ _JAX_DEFAULT_THRESHOLD = 1.0
 
 #: A cache path given to ``ciclo.checkpoint`` while JAX's is set to another by the user.
 _TWO_CACHES = (
-    "ciclo.checkpoint(compilation_cache={given!r}): JAX's compilation cache directory is "
-    "already set to {current!r} (jax_compilation_cache_dir, set outside ciclo). ciclo does "
-    "not move a cache you set yourself: leave out compilation_cache= to use yours, or stop "
-    "setting jax_compilation_cache_dir to use {given!r}."
+    "ciclo.checkpoint(compilation_cache={given!r}): JAX's cache is already set to {current!r} "
+    "outside ciclo, which does not move a cache you set: leave out compilation_cache=."
 )
 
 #: A ``compilation_cache=`` that is neither a bool nor a path.
 _NOT_A_SETTING = (
-    "ciclo.checkpoint(compilation_cache={setting!r}): expected True (a cache in the "
-    "checkpoint directory), False (none) or a directory path, got {kind}."
+    "ciclo.checkpoint(compilation_cache={setting!r}): expected True, False or a path, got {kind}."
 )
 
 # What ciclo set: the directory (None: JAX's setting is not ciclo's) and the threshold it
@@ -77,10 +74,7 @@ def _check_path(path: str) -> str:
         return path
     path = os.path.abspath(os.path.expanduser(path))
     if os.path.exists(path) and not os.path.isdir(path):
-        raise NotADirectoryError(
-            f"ciclo.checkpoint(compilation_cache=...): {path!r} is a file; give a directory "
-            f"(created if needed) or False to leave JAX's compilation cache alone."
-        )
+        raise NotADirectoryError(f"ciclo.checkpoint(compilation_cache=...): {path!r} is a file.")
     return path
 
 
@@ -108,10 +102,7 @@ def cache_path(setting: Any, checkpoint_directory: str) -> str | None:
     if not isinstance(text, str):
         text = os.fsdecode(text)
     if not text:
-        raise ValueError(
-            "ciclo.checkpoint(compilation_cache=''): give a directory path, True (a cache in "
-            "the checkpoint directory) or False (none)."
-        )
+        raise ValueError("ciclo.checkpoint(compilation_cache=''): give a path, True or False.")
     return _check_path(text)
 
 

@@ -29,16 +29,12 @@ _NOT_CALLABLE = (
     "{got!r}: pass lazy_state(new_state), not lazy_state(new_state())."
 )
 _NOT_ARRAYS = (
-    "ciclo.lazy_state({fn!r}): a resume traces the function, so the state it returns must be "
-    "a pytree of arrays and numbers. Keep other values in the pytree's static part (a "
-    "ciclo.managed.ManagedState field, a dataclass's metadata), or give the built state."
+    "ciclo.lazy_state({fn!r}): a resume traces the function: return a pytree of arrays and "
+    "numbers (other values in its static part), or give the built state."
 )
 _UNPLACED = (
-    "ciclo.lazy_state: {path} is sharded over {mesh}, an abstract mesh that no device_put "
-    "or jit of the traced function names, so a resume cannot tell its devices. Place the "
-    "state on a concrete mesh inside the function (jax.device_put(state, "
-    "NamedSharding(mesh, spec))), run the loop inside jax.set_mesh(mesh), or give the built "
-    "state instead of lazy_state."
+    "ciclo.lazy_state: {path} is sharded over {mesh}, whose devices the function never names: "
+    "place the state with jax.device_put inside it, or run the loop inside jax.set_mesh(mesh)."
 )
 
 

@@ -48,20 +48,10 @@ HEARTBEAT_FILE = ".ciclo-goodput.json"
 #: Seconds between two notes of the heartbeat file.
 HEARTBEAT_SECONDS = 0.1
 
-MSG_BAD_STEPS = (
-    "goodput(steps={steps!r}): expected an int >= 1, the steps between two entries of the "
-    "ledger in the history (and so in the writers), e.g. goodput(steps=1000); under a "
-    "schedule of your own, {{ciclo.every(time=60): ledger}}, the schedule decides."
-)
+MSG_BAD_STEPS = "goodput(steps={steps!r}): expected an int >= 1, e.g. goodput(steps=1000)."
 _SINCE = ("process", "now")
-MSG_BAD_SINCE = (
-    "goodput(since={since!r}): expected 'process' (count from the process's start: the "
-    "default) or 'now' (from the ledger's creation, e.g. in a notebook)."
-)
-MSG_WRONG_STATE = (
-    "goodput: the checkpoint holds a ledger of another format ({state!r:.80}): resume with "
-    "the tasks of the interrupted run."
-)
+MSG_BAD_SINCE = "goodput(since={since!r}): expected 'process' (the default) or 'now'."
+MSG_WRONG_STATE = "goodput: the checkpoint holds a ledger of another format ({state!r:.80})."
 
 
 class Goodput(LoopCallbackBase):

@@ -29,9 +29,8 @@ from ._running_mean import RunningMean, check_running_mean
 __all__ = ["KerasBar", "keras_bar", "TqdmBar", "tqdm_bar", "latest_entries", "named_entries"]
 
 MSG_NO_TOTAL = (
-    "{what}() was given no total, and the loop cannot tell it: it has no stop, and its "
-    "dataset no len() (a generator or an iterator). Pass the total, {what}(1000) (steps) "
-    "or {what}(ciclo.at(samples=60_000)), or give the loop a stop."
+    "{what}() was given no total, and the loop has no stop nor a dataset with len(): pass "
+    "{what}(1000) (steps) or {what}(ciclo.at(samples=600)), or give the loop a stop."
 )
 
 _SHOWN = ("losses", "metrics", "stateful_metrics")
