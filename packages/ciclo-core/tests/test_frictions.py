@@ -61,10 +61,12 @@ def test_an_extra_field_that_is_no_array_is_static_metadata(tmp_path):
     state = ciclo.managed.ManagedState.create(
         params={"w": jnp.ones(1)}, tx=optax.sgd(0.1), label="run-a", seen=jnp.zeros(())
     )
-    assert state.label == "run-a" and jax.tree.leaves(state.extra) == [state.seen]
+    assert state.label == "run-a"
+    assert jax.tree.leaves(state.extra) == [state.seen]
     ckpt = ciclo.checkpoint(tmp_path, async_save=False)
     state, _, _ = ciclo.loop(state, BATCHES, {ciclo.every(1): [step, ckpt]}, resume=ckpt)
-    assert state.label == "run-a" and state.replace(label="run-b").label == "run-b"
+    assert state.label == "run-a"
+    assert state.replace(label="run-b").label == "run-b"
     with pytest.raises(TypeError, match=r"extra field 'tags' holds strings: give arrays, or wrap"):
         ciclo.managed.ManagedState.create(params={}, tx=None, tags={"a": "x"})
 
