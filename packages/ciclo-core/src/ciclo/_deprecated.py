@@ -22,22 +22,16 @@ from typing import Any
 
 __all__ = ["DEPRECATED", "deprecated_getattr"]
 
+# fmt: off
 _CALLBACKS = {  # the function-style name at the top level, the class in ciclo.callbacks
-    "checkpoint": "Checkpoint",
-    "rollback_on_nan": "RollbackOnNaN",
-    "early_stopping": "EarlyStopping",
-    "terminate_on_nan": "TerminateOnNaN",
-    "goodput": "Goodput",
-    "csv_logger": "CSVLogger",
-    "tensorboard_logger": "TensorBoardLogger",
-    "learning_rate_monitor": "LearningRateMonitor",
-    "profiler": "Profiler",
-    "keras_bar": "KerasBar",
-    "tqdm_bar": "TqdmBar",
-    "throughput": "Throughput",
-    "watchdog": "Watchdog",
-    "writer_logger": "WriterLogger",
+    "checkpoint": "Checkpoint", "rollback_on_nan": "RollbackOnNaN", "goodput": "Goodput",
+    "early_stopping": "EarlyStopping", "terminate_on_nan": "TerminateOnNaN",
+    "csv_logger": "CSVLogger", "tensorboard_logger": "TensorBoardLogger",
+    "writer_logger": "WriterLogger", "learning_rate_monitor": "LearningRateMonitor",
+    "keras_bar": "KerasBar", "tqdm_bar": "TqdmBar", "throughput": "Throughput",
+    "profiler": "Profiler", "watchdog": "Watchdog",
 }
+# fmt: on
 
 #: ``{namespace: {old name: where it is now}}``. A place inside a private module means the
 #: name has no public successor (it was internal to what uses it).

@@ -125,14 +125,11 @@ def check_options(
 
 # --- messages -----------------------------------------------------------------------------
 _RECORDED_CLASH = (
-    "{cls}: the model recorded {collection} {name!r} (e.g. with self.sow), but the state's "
-    "{own} already has {name!r}, whose value it would replace. Rename the recorded value or "
-    "the state's {own} entry."
+    "{cls}: the model recorded {collection} {name!r} (self.sow), but the state's {own} "
+    "already has {name!r}: rename one of them."
 )
 _NO_LOSSES = (
-    "{cls}.{step} needs losses to differentiate; create the state with "
-    "losses={{'loss': fn(preds, targets)}}, e.g. "
-    "losses={{'loss': optax.softmax_cross_entropy_with_integer_labels}}."
+    "{cls}.{step} needs losses: create the state with losses={{'loss': fn(preds, targets)}}."
 )
 
 
@@ -193,10 +190,8 @@ class AdapterState(ManagedState):
             are logged, and its losses add to the total loss that a train step
             differentiates.
         """
-        raise NotImplementedError(
-            f"{type(self).__name__} must implement apply(self, params, model_state, inputs, *, "
-            f"training, key) -> (predictions, new_model_state)."
-        )
+        signature = "apply(self, params, model_state, inputs, *, training, key)"
+        raise NotImplementedError(f"{type(self).__name__} must implement {signature}.")
 
     # --- building ------------------------------------------------------------------------
     @classmethod
@@ -239,10 +234,7 @@ class AdapterState(ManagedState):
         metrics = named_functions(metrics, "metrics", stateful=True)
         for name in losses:
             if name in metrics:
-                raise ValueError(
-                    f"{name!r} is both a loss and a metric; give them different names (a "
-                    f"loss is logged anyway)."
-                )
+                raise ValueError(f"{name!r} is both a loss and a metric: rename one.")
         metric_states = {name: m.init() for name, m in metrics.items() if is_stateful_metric(m)}
         return super().create(
             params=params,

@@ -10,14 +10,12 @@ from typing import Any, NamedTuple
 __all__ = ["Batch", "BatchFormat"]
 
 _BAD_TUPLE = (
-    "{step}: a batch tuple must be (inputs, targets) or (inputs, targets, sample_weight), got "
-    "a {kind} of {items} items. To give the model several inputs, nest them: ((x1, x2), "
-    "targets)."
+    "{step}: a batch tuple must be (inputs, targets[, sample_weight]), got a {kind} of "
+    "{items} items; nest several inputs: ((x1, x2), targets)."
 )
 _NO_INPUTS = (
-    "{step}: cannot find inputs and targets in a batch of type {kind}. Give (inputs, "
-    "targets), (inputs, targets, sample_weight), or a dict with keys {keys} (choose the keys "
-    "with create_state(..., inputs_key=..., targets_key=...))."
+    "{step}: cannot find inputs and targets in a batch of type {kind}; give (inputs, "
+    "targets[, sample_weight]) or a dict with keys {keys}."
 )
 _MISSING_KEYS = (
     "{step}: the batch has keys {keys} but not {missing}. Name the keys when creating the "

@@ -24,9 +24,8 @@ __all__ = [
 ]
 
 _SCALAR_WITH_WEIGHTS = (
-    "{kind} {name!r} returned a scalar, so the batch's sample weights cannot be applied to "
-    "it. Return one value per example (shape (batch,)), e.g. "
-    "optax.softmax_cross_entropy_with_integer_labels(logits, labels) without .mean()."
+    "{kind} {name!r} returned a scalar, so the batch's sample weights cannot apply: return "
+    "one value per example (no .mean())."
 )
 _WEIGHTS_SHAPE = (
     "{kind} {name!r}: sample_weight has shape {shape}, but the {kind} has {n} per-example "
