@@ -53,6 +53,10 @@ DEPRECATED: dict[str, dict[str, str]] = {
         "ENTRY_POINT_GROUP": "ciclo._plugins._discovery.ENTRY_POINT_GROUP",
         "is_stateful_metric": "ciclo.adapters._functions.is_stateful_metric",
     },
+    "ciclo.testing": {
+        "LoopbackRun": "ciclo._processes._loopback.LoopbackRun",
+        "classification_data": "ciclo.testing._conformance.classification_data",
+    },
 }
 
 

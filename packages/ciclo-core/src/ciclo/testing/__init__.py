@@ -21,7 +21,10 @@ Example::
             return ciclo_flax.create_state(model, ciclo.testing.sample_inputs(), **kwargs)
 """
 
-from .._processes._loopback import LoopbackRun, free_port, join_loopback, run_on_loopback
+import typing as _typing
+
+from .._deprecated import deprecated_getattr as _deprecated_getattr
+from .._processes._loopback import free_port, join_loopback, run_on_loopback
 from ._conformance import (
     CHECKS,
     CLASSES,
@@ -29,7 +32,6 @@ from ._conformance import (
     AdapterConformance,
     accuracy,
     batches,
-    classification_data,
     image_data,
     sample_inputs,
 )
@@ -37,7 +39,9 @@ from ._conformance import (
 # fmt: off
 __all__ = [
     "AdapterConformance", "CHECKS", "FEATURES", "CLASSES", "sample_inputs", "accuracy",
-    "classification_data", "image_data", "batches",
-    "run_on_loopback", "join_loopback", "LoopbackRun", "free_port",
+    "image_data", "batches", "run_on_loopback", "join_loopback", "free_port",
 ]
 # fmt: on
+
+if not _typing.TYPE_CHECKING:  # old spellings warn for one release (ciclo/_deprecated.py)
+    __getattr__ = _deprecated_getattr(__name__)
