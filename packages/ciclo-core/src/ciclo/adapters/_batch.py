@@ -15,7 +15,8 @@ _BAD_TUPLE = (
 )
 _NO_INPUTS = (
     "{step}: cannot find inputs and targets in a batch of type {kind}; give (inputs, "
-    "targets[, sample_weight]) or a dict with keys {keys}."
+    "targets[, sample_weight]) or a dict with keys {keys} (create_state(..., "
+    "inputs_key=..., targets_key=...))."
 )
 _MISSING_KEYS = (
     "{step}: the batch has keys {keys} but not {missing}. Name the keys when creating the "
