@@ -53,7 +53,7 @@ def plot(history: ciclo.History, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
-def train(directory: str, steps: int, ledger: ciclo.Goodput, callbacks: list):
+def train(directory: str, steps: int, ledger: ciclo.callbacks.Goodput, callbacks: list):
     """``digits_cnn.train`` with the ledger in the tasks, logged 30 times over the run."""
     checkpoint = ciclo.checkpoint(directory, keep=2)
     return ciclo.train_loop(

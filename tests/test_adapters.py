@@ -23,3 +23,13 @@ others = [m for m in ("haiku", "equinox", "ciclo_haiku", "ciclo_equinox") if m i
 assert not others, others
 """
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_each_adapter_package_names_the_same_public_names_in_its_all():
+    import importlib
+
+    for package in ("ciclo_flax", "ciclo_haiku", "ciclo_equinox"):
+        module = importlib.import_module(package)
+        assert {"adapter", "create_state"} <= set(module.__all__), package
+        for name in module.__all__:
+            assert hasattr(module, name), f"{package}.{name}"

@@ -2,12 +2,13 @@
 a subprocess that the tests kill.
 
     python checkpoint_training.py DIRECTORY [--dataset list|generator|stateful]
-        [--delay SECONDS] [--hang-on-save STEP]
+        [--lockstep] [--hang-on-save STEP]
 
 The run has everything exact resume must carry over: an RNG key in the state, batches of
 varying size (so sample-based schedules cross boundaries between steps), a schedule on
 samples, a stateful callback whose logs depend on its state, and a checkpoint every
-``EVERY`` steps.
+``EVERY`` steps. With ``--lockstep`` the script waits after each step for a line on its
+stdin, so that the test that drives it decides where it is killed (no race with a sleep).
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import argparse
 import asyncio
 import functools
 import os
+import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,14 +120,14 @@ def run(
     data: str = "list",
     resume: bool = False,
     stop: int = STEPS,
-    delay: float = 0.0,
+    lockstep: bool = False,
     verbose: bool = False,
 ) -> tuple[Any, ciclo.History, ciclo.Elapsed]:
     def report(state: Any, batch: Any, elapsed: ciclo.Elapsed) -> None:
         if verbose:
             print(f"step {elapsed.steps}", flush=True)
-        if delay:
-            time.sleep(delay)
+        if lockstep:
+            sys.stdin.readline()  # the test's go-ahead (or end of input: go on)
 
     tasks = {
         ciclo.every(1): [train_step, report],
@@ -196,12 +197,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("directory")
     parser.add_argument("--dataset", default="list")
-    parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--lockstep", action="store_true")
     parser.add_argument("--hang-on-save", type=int, default=None)
     args = parser.parse_args()
     if args.hang_on_save is not None:
         hang_on_save(args.hang_on_save, os.path.join(args.directory + ".hanging"))
-    run(args.directory, data=args.dataset, delay=args.delay, verbose=True)
+    run(args.directory, data=args.dataset, lockstep=args.lockstep, verbose=True)
     print("done", flush=True)
 
 

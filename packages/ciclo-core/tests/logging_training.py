@@ -1,14 +1,16 @@
 """A small run that writes a CSV file and a CLU-protocol writer's file, checkpointing every
 ``EVERY`` steps, for the tests that kill it and resume (test_writers.py).
 
-    python logging_training.py DIRECTORY [--delay SECONDS] [--resume]
+    python logging_training.py DIRECTORY [--lockstep] [--resume]
+
+With ``--lockstep`` it waits after each step for a line on its stdin (the test's go-ahead).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -55,12 +57,13 @@ class JsonLinesWriter:
     def close(self) -> None: ...
 
 
-def run(directory: Path, *, delay: float = 0.0, resume: bool = False) -> Any:
+def run(directory: Path, *, lockstep: bool = False, resume: bool = False) -> Any:
     batches = [np.full((2,), i, np.float32) for i in range(STEPS)]
 
     def report(state: Any, batch: Any, elapsed: ciclo.Elapsed) -> None:
         print("step", elapsed.steps, flush=True)
-        time.sleep(delay)
+        if lockstep:
+            sys.stdin.readline()
 
     tasks = {
         ciclo.every(1): [train_step, report],
@@ -75,7 +78,7 @@ def run(directory: Path, *, delay: float = 0.0, resume: bool = False) -> Any:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("directory", type=Path)
-    parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--lockstep", action="store_true")
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args()
-    run(args.directory, delay=args.delay, resume=args.resume)
+    run(args.directory, lockstep=args.lockstep, resume=args.resume)

@@ -235,7 +235,7 @@ def test_create_validates_losses_and_metrics():
 
 def test_train_step_without_losses_says_how_to_add_them():
     state = make_state(losses=None)
-    with pytest.raises(ValueError, match=r"train_step needs losses .* losses=\{'loss'"):
+    with pytest.raises(ValueError, match=r"train_step needs losses: .* losses=\{'loss'"):
         state.train_step((X, Y))
     logs, _ = state.test_step((X, Y))  # evaluation without losses is fine
     assert "losses" not in logs
@@ -301,7 +301,7 @@ def test_recorded_losses_are_logged_and_differentiated():
 @pytest.mark.parametrize("collection", ["losses", "metrics"])
 def test_a_recorded_name_of_a_state_loss_is_an_error(collection):
     state = make_state(apply_fn=recording(lambda params: {collection: {"loss": 1.0}}))
-    message = f"recorded {collection} 'loss'.*state's losses already has 'loss'.*Rename"
+    message = f"recorded {collection} 'loss'.*state's losses already has 'loss': rename"
     for step in (state.train_step, state.test_step):
         with pytest.raises(ValueError, match=message):
             step((X, Y))

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import checkpoint_training as training
 
 
-def save_once(directory: Path, state: Any, **options: Any) -> ciclo.Checkpoint:
+def save_once(directory: Path, state: Any, **options: Any) -> ciclo.callbacks.Checkpoint:
     """A one-step loop that only saves ``state`` when it ends."""
     ckpt = ciclo.checkpoint(directory, **options)
     ciclo.loop(state, [np.zeros((1,))], {ciclo.never(): ckpt})

@@ -130,7 +130,7 @@ def _nan_run(directory: Path, keep: int = 1) -> tuple[Any, ciclo.History, ciclo.
         return ciclo.logs().add_loss("loss", w.sum()), {"w": w}
 
     ckpt = ciclo.checkpoint(directory, keep=keep)
-    tasks = {ciclo.every(1): [step, ciclo.callbacks.terminate_on_nan()], ciclo.every(2): ckpt}
+    tasks = {ciclo.every(1): [step, ciclo.terminate_on_nan()], ciclo.every(2): ckpt}
     return ciclo.loop({"w": jnp.zeros(2)}, list(range(10)), tasks)
 
 

@@ -15,7 +15,7 @@ import pytest
 import ciclo
 
 
-def _run(directory: Path) -> ciclo.Checkpoint:
+def _run(directory: Path) -> ciclo.callbacks.Checkpoint:
     stopper = ciclo.early_stopping("loss", patience=10, restore_best_weights=True, verbose=False)
 
     def step(state, batch):

@@ -24,29 +24,36 @@ pytestmark = pytest.mark.slow
 
 
 class Run:
-    """``checkpoint_training.py`` in a subprocess, its steps read from its stdout."""
+    """``checkpoint_training.py`` in a subprocess, its steps read from its stdout; with
+    ``--lockstep`` it goes on to each next step only when :meth:`wait_for_step` lets it."""
 
     def __init__(self, directory: Path, *args: str) -> None:
         self.stderr = directory.with_suffix(".stderr")
         with open(self.stderr, "w") as stderr:
             self.process = subprocess.Popen(
                 [sys.executable, training.__file__, str(directory), *args],
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 text=True,
             )
 
     def wait_for_step(self, step: int) -> int:
+        """Lets the run go on until it reports ``step`` (where it then waits)."""
         assert self.process.stdout is not None
+        assert self.process.stdin is not None
         for line in self.process.stdout:
             if line.startswith("step ") and int(line.split()[1]) >= step:
                 return int(line.split()[1])
+            if line.startswith("step "):
+                self.process.stdin.write("\n")
+                self.process.stdin.flush()
         self.process.communicate()
         raise AssertionError(f"the run ended before step {step}: {self.stderr.read_text()}")
 
     def end(self, sig: signal.Signals) -> int:
         self.process.send_signal(sig)
-        self.process.communicate(timeout=120)  # drains and closes stdout
+        self.process.communicate(timeout=120)  # closes stdin (go on), drains stdout
         return self.process.returncode
 
 
@@ -64,7 +71,7 @@ def resume_and_compare(directory: Path, data: str, why: str) -> None:
 def test_sigkill_at_a_random_step_then_resume_is_bit_identical(tmp_path: Path) -> None:
     kill_at = random.randrange(training.EVERY + 1, training.STEPS - 1)
     directory = tmp_path / "run"
-    run = Run(directory, "--dataset", "generator", "--delay", "0.05")
+    run = Run(directory, "--dataset", "generator", "--lockstep")
     reached = run.wait_for_step(kill_at)
     assert run.end(signal.SIGKILL) == -signal.SIGKILL
     assert committed_steps(directory), "no checkpoint was written before the kill"
@@ -74,7 +81,7 @@ def test_sigkill_at_a_random_step_then_resume_is_bit_identical(tmp_path: Path) -
 def test_sigterm_saves_exits_143_and_resume_is_bit_identical(tmp_path: Path) -> None:
     stop_at = random.randrange(1, training.STEPS - 2)
     directory = tmp_path / "run"
-    run = Run(directory, "--dataset", "list", "--delay", "0.05")
+    run = Run(directory, "--dataset", "list", "--lockstep")
     reached = run.wait_for_step(stop_at)
     assert run.end(signal.SIGTERM) == 128 + signal.SIGTERM
     message = run.stderr.read_text()

@@ -315,7 +315,8 @@ def test_a_call_by_hand_names_its_arguments():
 
 # --- issue 20: the original's names beyond its documents ----------------------------------
 def test_the_original_names_exist():
-    assert ciclo.callbacks.inner_loop is ciclo.inner_loop
+    with pytest.warns(DeprecationWarning, match=r"use ciclo\.inner_loop"):
+        assert ciclo.callbacks.inner_loop is ciclo.inner_loop
     assert ciclo.Period.create(steps=5) == ciclo.at(5)
     assert ciclo.Period.create(samples=64, time=10.0) == ciclo.at(samples=64, time=10.0)
     with pytest.raises(ValueError, match="at\\(\\) needs a period"):

@@ -20,7 +20,7 @@ import ciclo
 
 WORKER = textwrap.dedent(
     """
-    import itertools, json, sys, time
+    import itertools, json, sys
     import jax.numpy as jnp, numpy as np
     import ciclo
 
@@ -32,7 +32,7 @@ WORKER = textwrap.dedent(
     def test_step(state, batch):
         if evaluation != "quick":
             print("eval", int(batch[0]), flush=True)
-            time.sleep(0.1)
+            sys.stdin.readline()  # the test's go-ahead (end of input: go on)
         return ciclo.logs().add_metric("score", jnp.sum(state * batch))
 
     def test_dataset():
@@ -57,6 +57,7 @@ WORKER = textwrap.dedent(
 def _start(directory: Path, evaluation: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-c", WORKER, str(directory), evaluation],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -73,11 +74,13 @@ def _history(directory: Path) -> list[object]:
 
 
 def _stop_during_evaluation(directory: Path, evaluation: str, number: int) -> tuple[int, str]:
-    """Sends SIGTERM at the 3rd batch of evaluation ``number``; returns the evaluation
-    batches run after the signal, and the process's stderr."""
+    """Sends SIGTERM at the 3rd batch of evaluation ``number`` (the worker waits after each
+    evaluation batch for the test's go-ahead); returns the evaluation batches run after the
+    signal, and the process's stderr."""
     run = _start(directory, evaluation)
     try:
         assert run.stdout is not None
+        assert run.stdin is not None
         evaluations = 0
         for line in run.stdout:
             if line.startswith("eval "):
@@ -85,8 +88,11 @@ def _stop_during_evaluation(directory: Path, evaluation: str, number: int) -> tu
                 evaluations += batch == 1
                 if evaluations == number and batch == 3:
                     break
+                run.stdin.write("\n")
+                run.stdin.flush()
         run.send_signal(signal.SIGTERM)
-        out, err = run.communicate(timeout=60)  # an endless evaluation must end too
+        # closes stdin: the worker goes on (an endless evaluation must end too)
+        out, err = run.communicate(timeout=60)
     finally:
         run.kill()
     assert run.returncode == 128 + signal.SIGTERM, err

@@ -42,7 +42,8 @@ def test_csv_and_writer_rows_appear_exactly_once_after_a_sigkill_and_a_resume(tm
     killed = tmp_path / "killed"
     killed.mkdir()
     process = subprocess.Popen(
-        [sys.executable, training.__file__, str(killed), "--delay", "0.3"],
+        [sys.executable, training.__file__, str(killed), "--lockstep"],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -52,9 +53,12 @@ def test_csv_and_writer_rows_appear_exactly_once_after_a_sigkill_and_a_resume(tm
         # write at 16: the checkpoint holds a row that the writer had not written
         kill_at = 2 * training.EVERY + 3
         assert process.stdout is not None
-        for line in process.stdout:
+        assert process.stdin is not None
+        for line in process.stdout:  # step by step, killed where it waits after kill_at
             if int(line.split()[1]) >= kill_at:
                 break
+            process.stdin.write("\n")
+            process.stdin.flush()
         process.send_signal(signal.SIGKILL)
         process.communicate(timeout=60)
     finally:

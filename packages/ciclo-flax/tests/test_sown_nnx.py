@@ -178,7 +178,7 @@ def test_a_sown_name_that_is_also_a_step_loss_or_metric_is_an_error():
             losses={"loss": CE},
             metrics={"accuracy": lambda p, t: p.argmax(-1) == t},
         )
-        message = f"recorded metrics '{name}'.*state's {owner} already has '{name}'.*Rename"
+        message = f"recorded metrics '{name}'.*state's {owner} already has '{name}': rename"
         with pytest.raises(ValueError, match=message):
             state.train_step(batch)
         with pytest.raises(ValueError, match=message):

@@ -11,4 +11,6 @@ from ._adapter import adapter as adapter
 from ._state import EquinoxState as EquinoxState
 from ._state import create_state as create_state
 
+__all__ = ["EquinoxState", "adapter", "create_state"]
+
 __version__ = "0.1.0"

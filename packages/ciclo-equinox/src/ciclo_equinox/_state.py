@@ -268,10 +268,8 @@ def create_state(
             ``array -> bool`` or a pytree of bools; the other arrays stay as they are.
         key_arg: the ``__call__`` keyword that receives the RNG key: ``"auto"`` passes
             ``key=`` when ``__call__`` takes ``key``; ``None`` passes no key.
-        **options: ``inputs_key``, ``targets_key``, ``sample_weight_key`` for dict batches;
-            ``compute_dtype`` (mixed precision, e.g. ``jnp.bfloat16``), ``loss_scale`` (for
-            float16) and ``ema`` (a decay: keep ``ema_params``, evaluated as ``*_test_ema``),
-            as in :meth:`ciclo.managed.ManagedState.create`.
+        **options: the options of every adapter (the keys of dict batches, mixed precision,
+            averaged weights), listed once in :func:`ciclo.adapters.check_options`.
 
     Returns:
         An :class:`EquinoxState`.

@@ -17,4 +17,14 @@ from ._nnx import create_nnx_state as create_nnx_state
 from ._sown import SownLoss as SownLoss
 from ._sown import SownMetric as SownMetric
 
+__all__ = [
+    "FlaxState",
+    "NNXState",
+    "SownLoss",
+    "SownMetric",
+    "adapter",
+    "create_nnx_state",
+    "create_state",
+]
+
 __version__ = "0.1.0"

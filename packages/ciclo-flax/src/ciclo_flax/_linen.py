@@ -145,10 +145,8 @@ def create_state(
             (set to the opposite); ``None`` passes none.
         rng_streams: RNG streams the module draws from (``make_rng``), each given a key
             derived from the state's key and step.
-        **options: ``inputs_key``, ``targets_key``, ``sample_weight_key`` for dict batches;
-            ``compute_dtype`` (mixed precision, e.g. ``jnp.bfloat16``), ``loss_scale`` (for
-            float16) and ``ema`` (a decay: keep ``ema_params``, evaluated as ``*_test_ema``),
-            as in :meth:`ciclo.managed.ManagedState.create`.
+        **options: the options of every adapter (the keys of dict batches, mixed precision,
+            averaged weights), listed once in :func:`ciclo.adapters.check_options`.
 
     Returns:
         A :class:`FlaxState`.

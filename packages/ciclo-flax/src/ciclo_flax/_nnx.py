@@ -133,10 +133,8 @@ def create_nnx_state(
             ``training``, ``train``, ``is_training``, ``deterministic``; ``None`` passes none).
         rngs_arg: a ``__call__`` argument given an ``nnx.Rngs`` at call time (``"auto"``
             finds ``rngs``; ``None`` passes none).
-        **options: ``inputs_key``, ``targets_key``, ``sample_weight_key`` for dict batches;
-            ``compute_dtype`` (mixed precision, e.g. ``jnp.bfloat16``), ``loss_scale`` (for
-            float16) and ``ema`` (a decay: keep ``ema_params``, evaluated as ``*_test_ema``),
-            as in :meth:`ciclo.managed.ManagedState.create`.
+        **options: the options of every adapter (the keys of dict batches, mixed precision,
+            averaged weights), listed once in :func:`ciclo.adapters.check_options`.
 
     Returns:
         An :class:`NNXState`.

@@ -12,4 +12,6 @@ from ._adapter import adapter as adapter
 from ._state import HaikuState as HaikuState
 from ._state import create_state as create_state
 
+__all__ = ["HaikuState", "adapter", "create_state"]
+
 __version__ = "0.1.0"

@@ -121,10 +121,8 @@ def create_state(
         training_arg: the keyword argument that tells the function whether it trains:
             ``"auto"`` passes ``is_training`` when the function takes it; a name passes
             that argument; ``None`` passes none.
-        **options: ``inputs_key``, ``targets_key``, ``sample_weight_key`` for dict batches;
-            ``compute_dtype`` (mixed precision, e.g. ``jnp.bfloat16``), ``loss_scale`` (for
-            float16) and ``ema`` (a decay: keep ``ema_params``, evaluated as ``*_test_ema``),
-            as in :meth:`ciclo.managed.ManagedState.create`.
+        **options: the options of every adapter (the keys of dict batches, mixed precision,
+            averaged weights), listed once in :func:`ciclo.adapters.check_options`.
 
     Returns:
         A :class:`HaikuState`.

@@ -1,7 +1,7 @@
 """Objects a resumed loop updates in place instead of replacing: mutable models captured
 by a step's closure (NNX modules and optimizers). Which classes, and how each is updated,
 comes from the adapters' records (``Adapter.restore_in_place``) and from
-:func:`register_restore_in_place` for a script's own classes."""
+``ciclo.adapters.register_restore_in_place`` for a script's own classes."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import jax
 
-from .._plugins._discovery import extras, register_extra
+from .._plugins._discovery import extras
 
-__all__ = ["RestoreInto", "register_restore_in_place", "restore_in_place"]
+__all__ = ["RestoreInto", "restore_in_place"]
 
 #: ``restore_into(original, restored)``: copies the restored values into ``original``.
 RestoreInto = Callable[[Any, Any], None]
@@ -24,46 +24,11 @@ _BROKEN_ADAPTER = (
 )
 
 
-def register_restore_in_place(node_type: type, restore_into: RestoreInto) -> None:
-    """Declares that the objects of ``node_type`` in a loop's state are restored *in place*
-    when the loop resumes (``loop(..., resume=...)``): ``restore_into(original, restored)``
-    copies the checkpoint's values into the object the state held, and the state keeps that
-    object, so code that holds it too (a step closing over a mutable model and optimizer,
-    as the Flax NNX tutorial's steps do) sees the restored values.
-
-    For a class of your own code. An adapter package declares its framework's classes on
-    its record instead (``Adapter(..., restore_in_place={nnx.Pytree: update})``; see
-    ``docs/adapters.md``), read when a loop resumes with the framework imported. Every
-    other value of the state is replaced by the restored one.
-
-    Args:
-        node_type: a pytree node class (subclasses match too).
-        restore_into: ``(original, restored) -> None``.
-
-    Example:
-        >>> import ciclo, jax, numpy as np
-        >>> class Box:  # a mutable pytree node
-        ...     def __init__(self, value):
-        ...         self.value = value
-        >>> jax.tree_util.register_pytree_node(
-        ...     Box, lambda b: ((b.value,), None), lambda _, children: Box(children[0])
-        ... )
-        >>> def copy_into(original, restored):
-        ...     original.value = restored.value
-        >>> ciclo.adapters.register_restore_in_place(Box, copy_into)
-        >>> box = Box(np.zeros(2))
-        >>> state = restore_in_place({"box": box, "n": 0}, {"box": Box(np.ones(2)), "n": 3})
-        >>> state["box"] is box, box.value.tolist(), state["n"]
-        (True, [1.0, 1.0], 3)
-    """
-    register_extra("restore_in_place", node_type, restore_into, argument="restore_into")
-
-
 def restore_in_place(original: Any, restored: Any) -> Any:
     """``restored`` (a state read from a checkpoint in the structure of ``original``), in
     which every object of a class restored in place (an adapter's, or one registered with
-    :func:`register_restore_in_place`) is the object of ``original``, updated in place with
-    its restored values."""
+    ``ciclo.adapters.register_restore_in_place``) is the object of ``original``, updated in
+    place with its restored values."""
     table, broken = extras("restore_in_place")
     for name, error in broken.items():
         warnings.warn(_BROKEN_ADAPTER.format(name=name, error=error), RuntimeWarning, stacklevel=3)

@@ -100,7 +100,7 @@ class RollbackOnNaN(LoopCallbackBase):
     loop's end), so a fault is noticed a few steps late; the checkpoint it goes back to
     was written at or before the faulty step, so the faulty update is never kept. After
     ``max_rollbacks`` rollbacks the next fault stops training, as
-    :class:`ciclo.TerminateOnNaN` does. With several processes, the stop and the
+    :class:`ciclo.terminate_on_nan` does. With several processes, the stop and the
     rollback happen at one agreed step, and the faulty step is the first one on any
     process.
 

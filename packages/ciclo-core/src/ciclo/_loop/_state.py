@@ -158,7 +158,7 @@ class LoopState:
             initial_elapsed.steps`` batches were drawn from the dataset.
         resumed: ``True`` when the loop continued a run from a checkpoint.
         skipped_batches: how many batches of the dataset rollbacks skipped
-            (:class:`ciclo.RollbackOnNaN`), so the dataset's position is ``elapsed.steps
+            (:class:`ciclo.rollback_on_nan`), so the dataset's position is ``elapsed.steps
             - initial_elapsed.steps + skipped_batches``; checkpoints save it.
         evaluated: ``True`` once every evaluation set of ``train_loop`` has been evaluated
             in this loop (always ``True`` in other loops): from then on, a monitor missing

@@ -103,7 +103,7 @@ def evaluate_checkpoints(
     read is skipped.
 
     Args:
-        directory: the checkpoint directory (or a :class:`ciclo.Checkpoint`).
+        directory: the checkpoint directory (or a :class:`ciclo.checkpoint`).
         state: a state built like the saved one; its structure, shapes, dtypes and
             shardings are used, and its ``test_step`` method when ``tasks`` gives none.
         dataset: a zero-argument function returning a fresh evaluation dataset, or a

@@ -153,12 +153,11 @@ def evaluate_dataset(
     callbacks: Sequence[Any] | None = None,
     aggregation: AggregationSpec | None = None,
     stop: int | Period | None = None,
-    batch_size_fn: Callable[[Any], int] | None = None,
-    metadata: Any = None,
     **loop_kwargs: Any,
 ) -> tuple[Any, Logs, Elapsed]:
-    """:func:`test_loop`, whose error for a dataset that yields no batch names the dataset
-    as ``where`` (``"test_dataset['valid']"`` in ``train_loop``)."""
+    """:func:`test_loop` (its other options pass on in ``loop_kwargs``), whose error for a
+    dataset that yields no batch names the dataset as ``where`` (``"test_dataset['valid']"``
+    in ``train_loop``)."""
     check_no_hooks("test_loop", loop_kwargs)
     if is_empty(dataset) and stop != 0:  # the error below, without loop's warning first
         raise ValueError(_SAW_NO_BATCH.format(where=where))
@@ -190,8 +189,6 @@ def evaluate_dataset(
                 Hook("test_loop result", lambda loop_state: result.append(loop_state.logs.copy())),
             ],
             stop=stop,
-            batch_size_fn=batch_size_fn,
-            metadata=metadata,
             **loop_kwargs,
         )
     if elapsed.steps == 0 and stop != 0:

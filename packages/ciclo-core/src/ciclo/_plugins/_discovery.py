@@ -30,6 +30,7 @@ __all__ = [
     "installed_adapters",
     "register_adapter",
     "register_extra",
+    "register_restore_in_place",
     "registered_extras",
     "extras",
 ]
@@ -340,6 +341,39 @@ def register_extra(kind: str, node_type: type, fn: Callable[..., Any], *, argume
             f"function {signature}, got {fn!r}."
         )
     _REGISTERED_EXTRAS[kind][node_type] = fn
+
+
+def register_restore_in_place(node_type: type, restore_into: Callable[[Any, Any], None]) -> None:
+    """Declares that the objects of ``node_type`` in a loop's state are restored *in place*
+    when the loop resumes (``loop(..., resume=...)``): ``restore_into(original, restored)``
+    copies the checkpoint's values into the object the state held, and the state keeps that
+    object, so code that holds it too (a step closing over a mutable model and optimizer,
+    as the Flax NNX tutorial's steps do) sees the restored values.
+
+    For a class of your own code. An adapter package declares its framework's classes on
+    its record instead (``Adapter(..., restore_in_place={nnx.Pytree: update})``; see
+    ``docs/adapters.md``), read when a loop resumes with the framework imported. Every
+    other value of the state is replaced by the restored one.
+
+    Args:
+        node_type: a pytree node class (subclasses match too).
+        restore_into: ``(original, restored) -> None``.
+
+    Example:
+        >>> import ciclo, jax, numpy as np
+        >>> class Box:  # a mutable pytree node
+        ...     def __init__(self, value):
+        ...         self.value = value
+        >>> jax.tree_util.register_pytree_node(
+        ...     Box, lambda b: ((b.value,), None), lambda _, children: Box(children[0])
+        ... )
+        >>> def copy_into(original, restored):
+        ...     original.value = restored.value
+        >>> ciclo.adapters.register_restore_in_place(Box, copy_into)
+        >>> Box in extras("restore_in_place")[0]
+        True
+    """
+    register_extra("restore_in_place", node_type, restore_into, argument="restore_into")
 
 
 def registered_extras() -> list[type]:

@@ -13,7 +13,7 @@ preemption notice (SIGTERM) goes through JAX's own preemption sync point
 
 A fault never hangs the job: an exception on one process is published, and the others end
 with an error naming it, at their next exchange or, when a collective blocks them, through a
-watchdog thread; a process that dies without a word (a crash, SIGKILL) is detected when its
+heartbeat thread; a process that dies without a word (a crash, SIGKILL) is detected when its
 heartbeat stops. Both within ``fault_timeout`` seconds.
 
 With one process nothing here runs: :func:`start_agreement` returns ``None``.
@@ -48,10 +48,10 @@ __all__ = [
 
 #: Steps whose exchanges share a key directory, deleted as one when no longer read.
 EXCHANGES_PER_BLOCK = 1000
-#: Seconds between two heartbeats of a watchdog (and two looks for a published fault).
+#: Seconds between two heartbeats (and two looks for a published fault).
 HEARTBEAT_SECONDS = 1.0
 #: Seconds a process blocked in a collective is given to notice a fault by itself, before
-#: its watchdog ends it.
+#: its heartbeat thread ends it.
 GRACE_SECONDS = 3.0
 
 _loops_started = 0  # outermost multi-process loops started by this process (names their keys)
@@ -153,7 +153,7 @@ class Agreement:
 
     Every process calls :meth:`exchange` at the same steps with a small JSON record and gets
     the records of all processes, in process order. :meth:`fail` publishes this process's
-    error; :meth:`close` ends the watchdog.
+    error; :meth:`close` ends the heartbeat.
 
     Args:
         name: the loop's name, the same on every process (the n-th outermost loop).
@@ -174,8 +174,8 @@ class Agreement:
         self._next_key: str | None = None
         self._noticed = threading.Event()  # the main thread saw another process's fault
         self._closed = threading.Event()
-        self._watchdog = threading.Thread(target=self._watch, name="ciclo-watchdog", daemon=True)
-        self._watchdog.start()
+        self._beats = threading.Thread(target=self._beat, name="ciclo-heartbeat", daemon=True)
+        self._beats.start()
 
     # --- the exchange ---------------------------------------------------------------------
     # Exchanges are numbered (rounds, or "end"); each process writes its record under the
@@ -287,7 +287,7 @@ class Agreement:
             return ""
 
     def close(self) -> None:
-        """Ends the watchdog; the others see this process as done, not silent."""
+        """Ends the heartbeat; the others see this process as done, not silent."""
         self._closed.set()
         with contextlib.suppress(Exception):
             self.client.key_value_set(
@@ -308,8 +308,8 @@ class Agreement:
             time.sleep(0.05)
         time.sleep(0.2)  # their os._exit follows their "done" at once
 
-    # --- the watchdog ---------------------------------------------------------------------
-    def _watch(self) -> None:
+    # --- the heartbeat --------------------------------------------------------------------
+    def _beat(self) -> None:
         """Beats, and ends this process when another one failed or went silent while this
         one's main thread is blocked (in a collective that will never complete)."""
         seen: dict[int, tuple[str, float]] = {}
@@ -449,7 +449,7 @@ def start_agreement(*, every: int | None, timeout: float) -> Agreement | None:
 
 def running_agreement() -> Agreement | None:
     """The agreement of the outermost loop running now (``None`` with one process): what a
-    thread that must end the job (the watchdog) publishes its fault through.
+    thread that must end the job (``ciclo.watchdog``'s) publishes its fault through.
 
     >>> running_agreement() is None
     True

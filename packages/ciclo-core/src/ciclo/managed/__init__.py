@@ -8,21 +8,26 @@ Example:
     True
 """
 
-from ._precision import LossScale as LossScale
-from ._sharding import fsdp as fsdp
-from ._sharding import key_path as key_path
-from ._sharding import partition_specs as partition_specs
-from ._sharding import register_partition_metadata as register_partition_metadata
-from ._sharding import sharded as sharded
-from ._state import ManagedState as ManagedState
-from ._step import ManagedStep as ManagedStep
-from ._step import step as step
-from ._step import train_step as train_step
-from ._strategies import Strategy as Strategy
-from ._strategies import data_parallel as data_parallel
-from ._strategies import eager as eager
-from ._strategies import get_strategy as get_strategy
-from ._strategies import jit as jit
-from ._strategies import pmap as pmap
-from ._strategies import register_strategy as register_strategy
-from ._strategies import strategy_names as strategy_names
+from ._precision import LossScale
+from ._sharding import fsdp, key_path, partition_specs, register_partition_metadata, sharded
+from ._state import ManagedState
+from ._step import ManagedStep, step, train_step
+from ._strategies import (
+    Strategy,
+    data_parallel,
+    eager,
+    get_strategy,
+    jit,
+    pmap,
+    register_strategy,
+    strategy_names,
+)
+
+# fmt: off
+__all__ = [
+    "ManagedState", "train_step", "step", "ManagedStep", "LossScale",
+    "Strategy", "eager", "jit", "data_parallel", "pmap", "get_strategy", "register_strategy",
+    "strategy_names", "fsdp", "sharded", "partition_specs", "key_path",
+    "register_partition_metadata",
+]
+# fmt: on

@@ -21,16 +21,27 @@ Example::
             return ciclo_flax.create_state(model, ciclo.testing.sample_inputs(), **kwargs)
 """
 
-from ._processes._loopback import LoopbackRun as LoopbackRun
-from ._processes._loopback import free_port as free_port
-from ._processes._loopback import join_loopback as join_loopback
-from ._processes._loopback import run_on_loopback as run_on_loopback
-from .adapters._conformance import CHECKS as CHECKS
-from .adapters._conformance import CLASSES as CLASSES
-from .adapters._conformance import FEATURES as FEATURES
-from .adapters._conformance import AdapterConformance as AdapterConformance
-from .adapters._conformance import accuracy as accuracy
-from .adapters._conformance import batches as batches
-from .adapters._conformance import classification_data as classification_data
-from .adapters._conformance import image_data as image_data
-from .adapters._conformance import sample_inputs as sample_inputs
+import typing as _typing
+
+from .._deprecated import deprecated_getattr as _deprecated_getattr
+from .._processes._loopback import free_port, join_loopback, run_on_loopback
+from ._conformance import (
+    CHECKS,
+    CLASSES,
+    FEATURES,
+    AdapterConformance,
+    accuracy,
+    batches,
+    image_data,
+    sample_inputs,
+)
+
+# fmt: off
+__all__ = [
+    "AdapterConformance", "CHECKS", "FEATURES", "CLASSES", "sample_inputs", "accuracy",
+    "image_data", "batches", "run_on_loopback", "join_loopback", "free_port",
+]
+# fmt: on
+
+if not _typing.TYPE_CHECKING:  # old spellings warn for one release (ciclo/_deprecated.py)
+    __getattr__ = _deprecated_getattr(__name__)

@@ -26,7 +26,7 @@ from .._loops._train import train_loop
 from .._plugins._discovery import adapter_for, get_adapter, registered_extras
 from .._records._logs import Logs
 from .._time._schedules import every
-from ._adapter import AdapterState, mean_metric
+from ..adapters import AdapterState, mean_metric
 
 __all__ = [
     "CLASSES",
