@@ -40,7 +40,7 @@ from typing import Any
 
 from .._processes._agreement import Agreement, preemption_reached, preemption_service_on
 from .._time._elapsed import Elapsed, elapse
-from .._time._phases import FIRST_STEP, PHASES
+from .._time._phases import FIRST_STEP
 from ._state import LoopState, StopKind
 
 __all__ = ["AgreedDecisions", "ROUND_SECONDS", "MAX_ROUND_STEPS"]
@@ -162,8 +162,9 @@ class AgreedDecisions:
         }
         if self.agreement.process == 0:
             record["every"] = self._proposed_every(step, now)
-        if PHASES.held:  # a ledger watches: each process's seconds in steps (stragglers)
-            record["step_seconds"] = PHASES.stepped + PHASES.seconds[FIRST_STEP]
+        phases = self.loop_state.phases
+        if phases is not None:  # a ledger watches: each process's seconds in steps (stragglers)
+            record["step_seconds"] = phases.stepped + phases.seconds[FIRST_STEP]
         return record
 
     def _proposed_every(self, step: int, now: float) -> int:
@@ -184,8 +185,10 @@ class AgreedDecisions:
         # read the round before, published a round ago.
         previous = number if number == self.first_round else number - 1
         records = self.agreement.read(previous, what=f"step {step}")
-        if PHASES.held:
-            PHASES.peers = [float(record.get("step_seconds", 0.0)) for record in records]
+        if self.loop_state.phases is not None:
+            self.loop_state.phases.peers = [
+                float(record.get("step_seconds", 0.0)) for record in records
+            ]
         self.round_every = int(records[0]["every"])
         self.next_round = step + self.round_every
         self._apply(steps, records, step)

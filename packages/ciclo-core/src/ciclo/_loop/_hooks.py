@@ -42,8 +42,8 @@ never probes a callback with ``hasattr`` elsewhere: it asks the helpers of this 
 
 ``__loop_phases__(loop_state, phases)`` (:class:`PhaseWatcher`)
     A callback object that reads the loop's phases (the time ledger ``ciclo.goodput``, the
-    watchdog): the outermost loop holding one marks its phases on the process's record
-    (:mod:`ciclo._time._phases`), and calls this with the record when its first batch is
+    watchdog): a loop with one owns a record of its phases (``loop_state.phases``,
+    :mod:`ciclo._time._phases`), and calls this with the record when its first batch is
     about to be drawn (after a resume), and with ``None`` once the loop's end hooks have
     run (:func:`phase_watchers`).
 

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period, as_period, default_batch_size
+from .._time._phases import Phases
 from ._naming import callback_name
 
 __all__ = [
@@ -178,6 +179,9 @@ class LoopState:
             steps are over (``None`` before, and after a stop by a signal); the
             checkpoint of the last step records it, so that a resumed finished run stays
             finished.
+        phases: the record of the loop's phases (:class:`~ciclo._time._phases.Phases`) while
+            its batches run, when its callbacks read one (the ledger, the watchdog); ``None``
+            otherwise.
         finished: ``True`` when ``resume=`` found the run already finished: the loop
             returns at once with the run's final state, history and elapsed, and writes
             nothing.
@@ -202,6 +206,7 @@ class LoopState:
         "inputs",
         "logs",
         "metadata",
+        "phases",
         "resumed",
         "skipped_batches",
         "state",
@@ -231,6 +236,7 @@ class LoopState:
         self.evaluated = True
         self.ending: dict[str, Any] | None = None
         self.finished = False
+        self.phases: Phases | None = None
         self._stop = False
         self._reason: str | None = None
         self._kind: StopKind | None = None

@@ -1,7 +1,8 @@
 """``watchdog``: a deadline per phase of the loop, so that a stuck job ends instead of hanging.
 
-A thread reads the process's record of the loop's phases (:mod:`ciclo._time._phases`): the
-phase the loop is in and since when. Nothing runs on the per-step path.
+A thread reads the record of the loop's phases that the loop hands it
+(:mod:`ciclo._time._phases`): the phase the loop is in and since when. Nothing runs on the
+per-step path.
 """
 
 from __future__ import annotations
