@@ -24,13 +24,7 @@ from .._checkpoint._lazy import LazyState, is_shapes
 from .._loop._agreed import AgreedDecisions
 from .._loop._arguments import check_arguments, check_dataset, checked_batch_size_fn
 from .._loop._engine import run
-from .._loop._hooks import (
-    PhaseWatcher,
-    RestartHook,
-    end_hook_owners,
-    phase_watchers,
-    restart_hook_owners,
-)
+from .._loop._hooks import PhaseWatcher, RestartHook, hook_owners
 from .._loop._in_flight import default_steps_in_flight
 from .._loop._signals import exit_if_terminated, stop_gracefully_on
 from .._loop._state import LoopInputs, LoopState, record_ending
@@ -187,9 +181,9 @@ def loop(
     end_callbacks = as_callback_list(on_end)
     every_callback = itertools.chain(start_callbacks, *(c for _, c in task_list), end_callbacks)
     every_fn = [callback.fn for callback in every_callback]
-    end_hooks = end_hook_owners(every_fn)
-    restarts = restart_hook_owners(every_fn)
-    watchers = phase_watchers(every_fn)
+    end_hooks = hook_owners(every_fn, "__loop_end__")
+    restarts = hook_owners(every_fn, "__loop_restart__")
+    watchers = hook_owners(every_fn, "__loop_phases__")
     history = History() if history is None else history
     lazy = state if isinstance(state, LazyState) else None
     if lazy is not None:  # traced for a resume's shapes, or built now
