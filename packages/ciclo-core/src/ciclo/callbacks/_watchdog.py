@@ -17,6 +17,7 @@ import time as _time
 from typing import Any
 
 from .._loop._base import LoopCallbackBase
+from .._loop._hooks import owners
 from .._loop._state import LoopState
 from .._processes._agreement import running_agreement
 from .._processes._outputs import writes_here
@@ -259,17 +260,9 @@ class _Monitor:
     def _write_event(self, step: int, deadline: float) -> None:
         """``watchdog/expired`` to each writer of the loop, each given a few seconds (the
         loop's thread is stuck: a writer might be the culprit)."""
-        writers = []
-        for _, callbacks in self.loop_state.inputs.tasks:
-            for callback in callbacks:
-                fn = getattr(callback, "fn", callback)
-                for owner in (fn, getattr(fn, "__self__", None)):
-                    if (
-                        isinstance(owner, WriterLogger)
-                        and writes_here(owner.process)
-                        and owner not in writers
-                    ):
-                        writers.append(owner)
+        tasks = self.loop_state.inputs.tasks
+        fns = [getattr(callback, "fn", callback) for _, cbs in tasks for callback in cbs]
+        writers = [o for o in owners(fns) if isinstance(o, WriterLogger) and writes_here(o.process)]
         for logger in writers:
             writer = logger.metric_writer
 
