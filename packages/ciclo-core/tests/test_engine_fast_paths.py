@@ -9,7 +9,6 @@ import pytest
 
 import ciclo
 from ciclo._loop._hooks import (
-    as_stateful,
     hook_owners,
     is_fusable,
     is_observer,
@@ -123,9 +122,6 @@ def test_hook_probes() -> None:
     assert is_transient(dog)
     assert not is_transient(run.step)
     assert is_stateful(ciclo.every(3))
-    schedule = ciclo.every(3)
-    assert as_stateful(schedule) is schedule
-    assert as_stateful(run) is None
     assert not is_stateful(run)
 
 

@@ -94,7 +94,7 @@ def run(
                     continue
                 group.run(loop_state, in_flight)
                 group = None
-            # has_step_end() and stop_iteration, read as the slots they are (once per step)
+            # the step-end hooks and stop_iteration, read as the slots they are (once per step)
             if loop_state._step_end:
                 plan.catch_up(elapsed)
                 if phases is not None:

@@ -28,7 +28,7 @@ hook (its :class:`Protocol`; the probe)        what it is, and when the loop use
                                                and passes it when the first batch is about to be
                                                drawn, and ``None`` once the end hooks have run.
 ``__loop_observer__ = True``                   A class attribute: the callback only reads the loop
-(:class:`Observer`; :func:`is_observer`)       and returns nothing (a bar, a logger): inside a group
+(:func:`is_observer`)                          and returns nothing (a bar, a logger): inside a group
                                                of fused steps it runs once, after the group.
 ``__loop_transient__ = True``                  A class attribute: a watcher outside the run (the
 (:func:`is_transient`)                         watchdog): a checkpoint holds no state of its task,
@@ -38,13 +38,13 @@ and ``__loop_callback_many__(loop_state,       call (a managed step with ``steps
 batches)`` (:class:`FusableCallback`;          returning the logs stacked on a new first axis and
 :func:`is_fusable`, :func:`steps_per_call`)    the last state (the grouping: ``_fusion.py``).
 ``__loop_lower__(loop_state)``                 A step that compiles its own call gives it on the
-(:class:`Lowerable`; :func:`lowered`)          loop's state and batch, lowered, not run (what
+(:func:`lowered`)                              loop's state and batch, lowered, not run (what
                                                ``throughput`` reads a step's FLOPs from).
 ``state_dict()`` / ``load_state_dict(state)``  What a checkpoint saves and a resume restores, as
 (:class:`Stateful`; :func:`is_stateful`)       plain values and NumPy arrays (callbacks,
                                                schedules, datasets).
 ``keys()`` / ``__getitem__``                   A callback object poses as ``{its default schedule:
-(:class:`Spreadable`)                          itself}``, spread into ``tasks`` with ``**``
+(no probe: a mapping)                          itself}``, spread into ``tasks`` with ``**``
                                                (``LoopCallbackBase`` implements it).
 =============================================  =====================================================
 
@@ -57,7 +57,7 @@ methods named after the moments of those loops (listed in :mod:`ciclo._loops._na
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ._state import LoopState
 
@@ -65,11 +65,8 @@ __all__ = [
     "LoopCallback",
     "EndHook",
     "RestartHook",
-    "Observer",
     "FusableCallback",
     "Stateful",
-    "Lowerable",
-    "Spreadable",
     "is_observer",
     "is_transient",
     "is_fusable",
@@ -78,7 +75,6 @@ __all__ = [
     "hook_owners",
     "PhaseWatcher",
     "lowered",
-    "as_stateful",
     "is_stateful",
     "named_hooks",
 ]
@@ -104,12 +100,6 @@ class RestartHook(Protocol):
     def __loop_restart__(self, loop_state: LoopState) -> Iterable[Any] | None: ...
 
 
-class Observer(Protocol):
-    """A callback object whose class sets ``__loop_observer__ = True``: it only reads."""
-
-    __loop_observer__: ClassVar[bool]
-
-
 class FusableCallback(LoopCallback, Protocol):
     """A step that may run several consecutive batches in one call."""
 
@@ -130,21 +120,6 @@ class Stateful(Protocol):
     def state_dict(self) -> Mapping[str, Any]: ...
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
-
-
-class Lowerable(Protocol):
-    """A step that gives its compiled call on the loop's state and batch, lowered."""
-
-    def __loop_lower__(self, loop_state: LoopState) -> Any: ...
-
-
-class Spreadable(Protocol):
-    """A callback object that can be spread into ``tasks``: ``{**obj}`` is
-    ``{obj.default_schedule(): obj}``."""
-
-    def keys(self) -> list[Any]: ...
-
-    def __getitem__(self, key: Any) -> Any: ...
 
 
 # --- the probes ---------------------------------------------------------------------------
@@ -243,11 +218,6 @@ def is_stateful(obj: Any) -> bool:
     return callable(getattr(obj, "state_dict", None)) and callable(
         getattr(obj, "load_state_dict", None)
     )
-
-
-def as_stateful(obj: Any) -> Stateful | None:
-    """``obj`` typed as :class:`Stateful` when it is, else ``None``."""
-    return obj if is_stateful(obj) else None
 
 
 def named_hooks(obj: Any, names: Iterable[str]) -> list[str]:

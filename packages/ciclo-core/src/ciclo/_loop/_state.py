@@ -345,31 +345,22 @@ class LoopState:
         if fn not in self._step_end:
             self._step_end.append(fn)
 
-    def has_step_end(self) -> bool:
-        """Whether :meth:`at_step_end` queued anything for this step."""
-        return bool(self._step_end)
-
-    def run_step_end(self) -> None:
-        """Runs (and clears) what :meth:`at_step_end` queued; called by the loop."""
-        hooks, self._step_end = self._step_end, []
-        for fn in hooks:
-            try:
-                fn(self)
-            except Exception as error:
-                error.add_note(
-                    f"(in ciclo step-end hook {callback_name(fn)} at step {self.elapsed.steps})"
-                )
-                raise
-
     def end_step(self) -> None:
-        """Runs the step-end hooks (if any were queued), with ``elapsed`` counting the step
-        just done; called by the loop once a step (or a group of fused steps) is complete."""
+        """Runs (and clears) the step-end hooks (if any were queued), with ``elapsed``
+        counting the step just done; called by the loop once a step (or a group of fused
+        steps) is complete."""
         if not self._step_end:  # the common case: nothing queued
             return
-        before = self.elapsed
+        before, hooks, self._step_end = self.elapsed, self._step_end, []
         self.elapsed = self.elapsed_after_step()
         try:
-            self.run_step_end()
+            for fn in hooks:
+                try:
+                    fn(self)
+                except Exception as error:
+                    step = self.elapsed.steps
+                    error.add_note(f"(in ciclo step-end hook {callback_name(fn)} at step {step})")
+                    raise
         finally:
             self.elapsed = before
 

@@ -134,10 +134,8 @@ class Goodput(LoopCallbackBase):
         self.steps = steps
         self.summary = summary
         self.since = since
-        now = _time.perf_counter()
-        self._start = now - max(0.0, _time.time() - process_start_time())
-        if since == "now":  # else this process's seconds count from its start
-            self._start = now
+        now = _time.perf_counter()  # "process": its seconds count from the process's start
+        self._start = now if since == "now" else now - max(0.0, _time.time() - process_start_time())
         self._restart(self._start)
         self._base = dict.fromkeys(BUCKETS, 0.0)  # the processes before this one (a resume)
         self._loaded: dict[str, float] | None = None  # the checkpoint's, on a resume
