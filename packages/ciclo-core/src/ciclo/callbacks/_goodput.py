@@ -73,7 +73,7 @@ class Goodput(LoopCallbackBase):
     - ``startup``: the process's start, up to its first step (imports, building the state,
       the restore of a resume, the first batch);
     - ``compile``: JAX compiling (tracing, lowering, XLA), from JAX's own monitoring
-      events, wherever it happens;
+      events, while a loop runs (compiling before its first batch is start-up);
     - ``data``: waiting on the dataset's ``next`` (with several processes, the rounds of
       agreement too);
     - ``step``: the step's callbacks: the step function and what runs with it at each step
