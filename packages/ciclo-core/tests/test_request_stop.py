@@ -112,3 +112,19 @@ def test_a_stop_without_a_reason_keeps_the_reason_and_kind_of_the_stop_made():
     assert (loop_state.stop_reason, loop_state.stop_kind) == ("stopped by SIGINT", "interrupted")
     loop_state.stop_iteration = False
     assert (loop_state.stop_reason, loop_state.stop_kind) == (None, None)
+
+
+@pytest.mark.parametrize(
+    ("reason", "finished"), [("early_stopping", True), ("nan", True), ("data", False)]
+)
+def test_an_ending_recorded_before_stop_kinds_reads_alike(tmp_path, reason, finished):
+    """The ``end`` field as the previous release wrote it: its reasons are the kinds' values."""
+    ckpt = ciclo.checkpoint(tmp_path, async_save=False)
+    tasks = {ciclo.every(1): lambda s: s + 1, ciclo.every(100): ckpt}
+    ciclo.loop(0, range(2), tasks, resume=ckpt)
+    meta_file = tmp_path / "2" / "meta" / "metadata"
+    meta = json.loads(meta_file.read_text())
+    meta["end"] = {"reason": reason, "step": 2, "message": f"{reason} at step 1"}
+    meta_file.write_text(json.dumps(meta))
+    state, _, elapsed = ciclo.loop(0, range(4), tasks, resume=ckpt)
+    assert (elapsed.steps, state) == ((2, 2) if finished else (4, 4))
