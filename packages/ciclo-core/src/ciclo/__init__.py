@@ -21,7 +21,7 @@ from ._deprecated import deprecated_getattr as _deprecated_getattr
 from ._loop._base import LoopCallbackBase
 from ._loop._callback import Callback, inject
 from ._loop._hooks import LoopCallback
-from ._loop._state import LoopState
+from ._loop._state import LoopState, StopKind
 from ._loops._evaluate_checkpoints import evaluate_checkpoints
 from ._loops._loop import loop
 from ._loops._named import (
@@ -86,7 +86,7 @@ __all__ = [
     # records
     "Logs", "logs", "History", "history",
     # what callbacks see and implement
-    "LoopState", "LoopCallback", "LoopCallbackBase", "Callback", "inject",
+    "LoopState", "StopKind", "LoopCallback", "LoopCallbackBase", "Callback", "inject",
     "ProcessFailedError",
     # callbacks (their classes are in ciclo.callbacks)
     "keras_bar", "tqdm_bar", "early_stopping", "terminate_on_nan", "inner_loop",

@@ -15,7 +15,7 @@ from typing import Any
 
 from .._records._logs import Logs
 from ._hooks import LoopCallback, is_fusable, is_observer
-from ._naming import callback_name
+from ._naming import callback_name, count_positional
 from ._returns import NO_CHANGE, parse_return
 from ._state import LoopState
 
@@ -122,9 +122,7 @@ def positional_arity(fn: Callable[..., Any]) -> int:
                 name=name, signature=signature, keyword_only=keyword_only
             )
         )
-    if any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values()):
-        return 4
-    return min(len(params), 4)
+    return count_positional(fn, 4) or 0
 
 
 def check_not_a_class(obj: Any) -> None:

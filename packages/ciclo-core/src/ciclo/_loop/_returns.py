@@ -26,8 +26,7 @@ _LOGS_HELP = (
 )
 _NOT_A_STATE = (
     "{who} returned a {kind} ({text!r}), which cannot be a state ({described}): a {caller} "
-    "returns (logs, state), (outputs, logs, state), logs, a state or None. {logs_help} Return "
-    "None, logs, (logs, state) or a new state (a pytree of arrays)."
+    "returns (logs, state), (outputs, logs, state), logs, a state (a pytree) or None. {logs_help}"
 )
 _DICT_NOT_LOGS = (
     "{who} returned a dict that is not logs: {described}. {logs_help} Returned on its own, a "

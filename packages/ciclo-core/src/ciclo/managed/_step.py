@@ -5,13 +5,13 @@ step function under its state's strategy (compiled once per strategy and statics
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
+from .._loop._naming import count_positional
 from .._loop._returns import NO_CHANGE, parse_return
 from .._loop._state import LoopState
 from .._records._logs import Logs
@@ -19,18 +19,6 @@ from ._compile import StepFunction, fuse, step_body
 from ._strategies import Strategy, identity
 
 __all__ = ["ManagedStep", "step", "train_step"]
-
-
-def _step_arity(fn: StepFunction) -> int:
-    """How many of ``(state, batch, broadcasts, statics)`` a step function takes."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 2
-    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
-        return 4
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return max(2, min(len(positional), 4))
 
 
 class ManagedStep:
@@ -70,7 +58,7 @@ class ManagedStep:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.differentiate = differentiate
-        self.arity = _step_arity(fn)
+        self.arity = max(2, count_positional(fn, 4) or 2)  # of (state, batch, broadcasts, statics)
         self.broadcasts = broadcasts
         self.statics = statics
         # Shared by the steps bind() makes: one compilation per strategy and statics.
