@@ -31,9 +31,9 @@ CALLBACKS = {
     "profiler": ("Profiler", "logdir start steps perfetto process"),
     "keras_bar": (
         "KerasBar",
-        "total interval plain_interval width dynamic file process running_mean",
+        "total interval plain_interval width dynamic file process running_mean exclude",
     ),
-    "tqdm_bar": ("TqdmBar", "total interval file process running_mean tqdm_kwargs"),
+    "tqdm_bar": ("TqdmBar", "total interval file process running_mean exclude tqdm_kwargs"),
     "throughput": ("Throughput", "steps flops_per_step peak_flops prefix"),
     "writer_logger": ("WriterLogger", "writer interval process hparams close"),
     "checkpoint": (
