@@ -109,7 +109,7 @@ def test_a_save_failing_on_the_writer_thread_is_raised_at_the_next_step(
     tasks = {ciclo.every(1): step, ciclo.every(1000): ckpt}
     with pytest.raises(
         RuntimeError,
-        match=r"writing checkpoint 1 to .* failed in the background: OSError\(28, 'No space.*"
+        match=r"writing checkpoint 1 to .* failed: OSError\(28, 'No space.*"
         r"Make the directory writable",
     ):
         ciclo.loop(0, range(50), tasks)

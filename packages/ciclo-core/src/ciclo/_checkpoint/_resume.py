@@ -40,20 +40,19 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
 
 from .._loop._state import ENDING_WORDS, STOPPED_ENDINGS, LoopState
 from .._processes._outputs import OUTPUT_PROCESS, writes_here
-from .._records._logs import Logs
 from .._time._elapsed import Period, as_period
-from . import _format
+from . import _format, _integrity, _items, _topology
 from ._in_place import restore_in_place
 from ._lazy import is_shapes
 
-__all__ = ["resume", "load_tasks", "put_back", "skip_consumed", "is_elastic", "iterated_by_index"]
+__all__ = ["resume", "put_back", "skip_consumed", "is_elastic", "iterated_by_index"]
 
 _CANNOT_RESPLIT = (
     "the checkpoint holds the dataset state of {saved} process(es), and this run has "
@@ -72,23 +71,6 @@ _STATES_DIFFER = (
     "processes."
 )
 
-_SAME_TASKS_FIX = (
-    "Resume with the same tasks (schedules and callbacks, in the same order) as the "
-    "interrupted run."
-)
-_TASKS_DIFFER = (
-    "{where} was written by a loop with {saved} tasks; this loop has {count}.{which} "
-    + _SAME_TASKS_FIX
-)
-_CALLBACKS_ADDED = (
-    " This loop's stateful callbacks {added} are not in the checkpoint: a callback that "
-    "keeps state (a ciclo.goodput() ledger, early stopping, a logger) joins a run from "
-    "its start, or a new run."
-)
-_OTHER_KIND_OF_SCHEDULE = (
-    "cannot restore schedule {schedule!r} (task {task}) from {where}: the checkpoint holds the "
-    "state of another kind of schedule there ({saved}). " + _SAME_TASKS_FIX
-)
 _DATASET_NOT_STATEFUL = (
     "the checkpoint holds the dataset's state_dict(), but this dataset ({kind}) has no "
     "load_state_dict(): resume with the same kind of dataset as the interrupted run."
@@ -104,49 +86,6 @@ _SEEK_HINT = (
 )
 
 
-def load_tasks(
-    tasks: Sequence[tuple[Any, Sequence[Any]]], contents: _format.Contents, where: str
-) -> None:
-    """Loads the saved state of each schedule and stateful callback of ``tasks``.
-
-    Raises:
-        ValueError: ``tasks`` are not those of the run that wrote the checkpoint.
-    """
-    tasks = _format.checkpointed_tasks(tasks)
-    saved_schedules = contents.schedules
-    if len(saved_schedules) != len(tasks):
-        in_checkpoint = {name for name, _ in contents.callbacks}
-        names = [_format.callback_name(owner) for owner in _format.stateful_callbacks(tasks)]
-        added = [name for name in names if name not in in_checkpoint]
-        raise ValueError(
-            _TASKS_DIFFER.format(
-                where=where,
-                saved=len(saved_schedules),
-                count=len(tasks),
-                which=_CALLBACKS_ADDED.format(added=added) if added else "",
-            )
-        )
-    for i, ((schedule, _), saved) in enumerate(zip(tasks, saved_schedules, strict=True)):
-        try:
-            schedule.load_state_dict(saved)
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(
-                _OTHER_KIND_OF_SCHEDULE.format(
-                    schedule=schedule, task=i, where=where, saved=str(saved)[:80]
-                )
-            ) from error
-    owners = _format.stateful_callbacks(tasks)
-    names = [_format.callback_name(owner) for owner in owners]
-    saved_names = [name for name, _ in contents.callbacks]
-    if names != saved_names:
-        raise ValueError(
-            f"{where} holds the state of callbacks {saved_names}; this loop's stateful "
-            f"callbacks are {names}. {_SAME_TASKS_FIX}"
-        )
-    for owner, (_, state) in zip(owners, contents.callbacks, strict=True):
-        owner.load_state_dict(state)
-
-
 def skip_consumed(dataset: Any, position: int, state: Any) -> Iterable[Any]:
     """``dataset`` from its first batch not consumed (see the module docstring).
 
@@ -155,15 +94,15 @@ def skip_consumed(dataset: Any, position: int, state: Any) -> Iterable[Any]:
         [12, 13]
     """
     if state is not None:
-        if not _format.is_stateful_dataset(dataset):
+        if not _topology.is_stateful_dataset(dataset):
             raise TypeError(_DATASET_NOT_STATEFUL.format(kind=type(dataset).__name__))
-        if isinstance(state, _format.OtherTopology):
+        if isinstance(state, _topology.OtherTopology):
             state = _resplit(dataset, state.states)
         dataset.load_state_dict(state)
         return dataset  # type: ignore[no-any-return]
     if position <= 0:
         return dataset  # type: ignore[no-any-return]
-    if _format.is_sequence(dataset):
+    if _topology.is_sequence(dataset):
         return map(dataset.__getitem__, range(position, len(dataset)))
     if iterated_by_index(dataset):
         return _from_index(dataset, position)
@@ -299,7 +238,7 @@ def resume(
         if ending is not None and ending["reason"] in STOPPED_ENDINGS and not resume_stopped:
             try:
                 return _finished(manager, path, newest, ending, loop_state, "resume_stopped=True")
-            except _format.DamagedCheckpoint:  # read_newest below passes it over, and says so
+            except _integrity.DamagedCheckpoint:  # read_newest below passes it over, and says so
                 ending = None
         contents = _format.read_newest(manager, path, loop_state.state)
     finally:
@@ -308,9 +247,9 @@ def resume(
     if ending is None or ending["reason"] in STOPPED_ENDINGS or contents.step != newest:
         return source
     period = as_period(stop, "stop")
-    if period is not None and period.reached_by(contents.elapsed):
+    if period is not None and period.reached_by(contents.fields["elapsed"]):
         return _finished(None, path, newest, ending, loop_state, "a larger stop", contents)
-    if _format.is_stateful_dataset(loop_state.inputs.dataset):
+    if _topology.is_stateful_dataset(loop_state.inputs.dataset):
         if period is None:  # its own position says nothing of what is left: finished
             return _finished(None, path, newest, ending, loop_state, "a stop", contents)
         return source
@@ -322,24 +261,16 @@ def resume(
     return itertools.chain([first], batches)
 
 
-def put_back(contents: _format.Contents, path: str, loop_state: LoopState) -> None:
-    """Puts ``contents`` into ``loop_state``: the state, counts, history, latest logs and
-    the state of its schedules and stateful callbacks (the dataset is the caller's)."""
-    where = f"checkpoint {contents.step} in {path!r}"
-    load_tasks(loop_state.inputs.tasks, contents, where)
-    _put_back_run(contents, loop_state)
-
-
-def _put_back_run(contents: _format.Contents, loop_state: LoopState) -> None:
-    """The state, counts, history and latest logs of ``contents`` into ``loop_state``."""
+def put_back(
+    contents: _format.Contents, path: str, loop_state: LoopState, *, tasks: bool = True
+) -> None:
+    """Puts ``contents`` into ``loop_state``: the state (in place where it can be), and the
+    checkpoint's items (:func:`._items.put_back`; those of the tasks only with ``tasks``).
+    The dataset is the caller's."""
+    _items.put_back(contents.fields, loop_state, _items.Where(path, contents.step), tasks=tasks)
     original = loop_state.state  # a lazy state's shapes: nothing to restore in place
     in_place = not is_shapes(original)
     loop_state.state = restore_in_place(original, contents.state) if in_place else contents.state
-    loop_state.elapsed = contents.elapsed
-    loop_state.initial_elapsed = contents.initial_elapsed
-    loop_state.skipped_batches = contents.data_skipped
-    loop_state.history.load_state_dict(contents.history)
-    loop_state.accumulated_logs = Logs(contents.logs)
 
 
 def _load(contents: _format.Contents, path: str, loop_state: LoopState) -> Iterable[Any]:
@@ -347,7 +278,8 @@ def _load(contents: _format.Contents, path: str, loop_state: LoopState) -> Itera
     batches."""
     put_back(contents, path, loop_state)
     loop_state.resumed = True
-    return skip_consumed(loop_state.inputs.dataset, contents.data_position, contents.data_state)
+    data = contents.fields["data"]
+    return skip_consumed(loop_state.inputs.dataset, data["position"], data["state"])
 
 
 def _finished(
@@ -363,7 +295,7 @@ def _finished(
     ``manager`` unless ``contents`` holds it), marks the loop finished and says so."""
     if contents is None:  # the final checkpoint itself, even of a non-finite state
         contents = _format.read(manager, path, step, loop_state.state, copies=False)
-    _put_back_run(contents, loop_state)
+    put_back(contents, path, loop_state, tasks=False)
     loop_state.resumed = loop_state.finished = True
     loop_state.ending = ending
     if writes_here(OUTPUT_PROCESS):

@@ -12,7 +12,7 @@ skipped batches, records the rollback in the history and hands the loop its batc
 the engine runs again.
 
 What makes a later resume exact: the checkpoints of the abandoned steps are set aside
-(:meth:`~ciclo.checkpoint.set_aside_after`), the rollback's row stays in the history,
+(:func:`_set_aside_after`), the rollback's row stays in the history,
 and ``loop_state.skipped_batches`` (saved in every checkpoint, ``data.skipped``) keeps the
 dataset's position: ``elapsed.steps - initial_elapsed.steps + skipped_batches``.
 """
@@ -24,7 +24,7 @@ import os
 import sys
 import time as _time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
 
 import numpy as np
@@ -34,7 +34,7 @@ from .._loop._state import ROLLING_BACK, LoopState
 from .._processes._agreement import gather_to_all
 from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records._logs import Logs
-from . import _format
+from . import _format, _integrity, _topology
 from ._callback import Checkpoint
 from ._resume import put_back, skip_consumed
 
@@ -210,7 +210,7 @@ class RollbackOnNaN(LoopCallbackBase):
         scans this run's rows of the history from the first."""
         self._checkpoint_in(loop_state)
         dataset = loop_state.inputs.dataset
-        if not _format.is_stateful_dataset(dataset) and isinstance(dataset, Iterator):
+        if not _topology.is_stateful_dataset(dataset) and isinstance(dataset, Iterator):
             raise TypeError(MSG_ONE_SHOT.format(kind=type(dataset).__name__))
         self._loop, self._fault, self._next_look = loop_state, None, 0.0
         elapsed = loop_state.elapsed
@@ -309,15 +309,16 @@ class RollbackOnNaN(LoopCallbackBase):
         contents = self._read(loop_state, restored)
         # The data position of the faulty step's batch, counted before the state goes back.
         fault_position = step - loop_state.initial_elapsed.steps + loop_state.skipped_batches
-        checkpoint.set_aside_after(restored)
+        _set_aside_after(checkpoint, restored)
         put_back(contents, self.directory, loop_state)
-        skipped = fault_position + 1 - contents.data_position
-        loop_state.skipped_batches = contents.data_skipped + skipped
-        batches = _reposition(loop_state.inputs.dataset, contents, fault_position + 1)
+        data = contents.fields["data"]
+        skipped = fault_position + 1 - data["position"]
+        loop_state.skipped_batches = data["skipped"] + skipped
+        batches = _reposition(loop_state.inputs.dataset, data, fault_position + 1)
         row = Logs().add_metrics(
             rollbacks=count + 1,
             skipped_batches=skipped,
-            skipped_from=contents.data_position,
+            skipped_from=data["position"],
             fault_step=step,
         )
         loop_state.history.commit(loop_state.elapsed, row)
@@ -329,7 +330,7 @@ class RollbackOnNaN(LoopCallbackBase):
                 step=step,
                 restored=restored,
                 skipped=skipped,
-                first=contents.data_position,
+                first=data["position"],
                 count=count + 1,
                 most=self.max_rollbacks,
             )
@@ -351,8 +352,8 @@ class RollbackOnNaN(LoopCallbackBase):
         if manager is None:
             return -1
         try:
-            steps = _format.steps_on_disk(manager, self.directory)
-            finite = [s for s in steps if s <= step and _format.is_finite_step(manager, s)]
+            steps = _integrity.steps_on_disk(manager, self.directory)
+            finite = [s for s in steps if s <= step and _integrity.is_finite_step(manager, s)]
         finally:
             manager.close()
         return max(finite, default=-1)
@@ -378,17 +379,38 @@ rollback_on_nan = RollbackOnNaN
 """Another name of :class:`RollbackOnNaN` (the same class)."""
 
 
-def _reposition(dataset: Any, contents: _format.Contents, position: int) -> Iterable[Any]:
+def _reposition(dataset: Any, data: Mapping[str, Any], position: int) -> Iterable[Any]:
     """``dataset`` from batch ``position`` on, going back to the checkpoint's position
-    first (see :func:`._resume.skip_consumed`); a stateful dataset loads the checkpoint's
-    state and draws the skipped batches."""
-    source = skip_consumed(dataset, position, contents.data_state)
-    if contents.data_state is None:
+    (``data``) first (see :func:`._resume.skip_consumed`); a stateful dataset loads the
+    checkpoint's state and draws the skipped batches."""
+    source = skip_consumed(dataset, position, data["state"])
+    if data["state"] is None:
         return source
     iterator = iter(source)
-    for _ in range(position - contents.data_position):
+    for _ in range(position - data["position"]):
         try:
             next(iterator)
         except StopIteration:
             return ()  # the data ends among the skipped batches
     return iterator
+
+
+def _set_aside_after(checkpoint: Checkpoint, step: int) -> None:
+    """Puts the checkpoints of steps after ``step`` out of the way of the run (it went back
+    to checkpoint ``step``: they hold the abandoned steps): renamed ``<step>.rolled-back``
+    (kept, never deleted), or deleted on a URL, where nothing can be renamed. With several
+    processes every process calls it at the same step; process 0 renames."""
+    checkpoint.wait()
+    gather_to_all("checkpoint set aside: ready", step)  # no process reads them any more
+    if writes_here(OUTPUT_PROCESS):
+        from etils import epath  # type: ignore[import-untyped]
+
+        for path in epath.Path(checkpoint.directory).iterdir():
+            if not path.name.isdigit() or int(path.name) <= step:
+                continue
+            if "://" in checkpoint.directory:
+                path.rmtree()
+            else:
+                _integrity.set_aside(checkpoint.directory, int(path.name), "rolled-back")
+    gather_to_all("checkpoint set aside: done", step)  # the others wait for the renames
+    checkpoint.rewind(step)

@@ -1,5 +1,9 @@
-"""ciclo's own background writer: one thread per checkpoint callback that writes the saves
-it is handed, one at a time, in order.
+"""The writers of a checkpoint callback's saves, one interface (``start``, ``running``,
+``join``, ``finish``, ``close``) for the one save path of ``ciclo.checkpoint``:
+:class:`Writer`, ciclo's own background thread (async saves of one process), and
+:class:`InCaller`, which writes on the loop's thread (synchronous saves, and the saves of
+several processes, whose orbax barriers must run there; orbax's own async save then goes on
+in its threads).
 
 An async save of a one-process run takes a host copy of everything a checkpoint holds at
 the step (:func:`._format.snapshot`) and hands the write (:func:`._format.write`, orbax's
@@ -14,13 +18,15 @@ took over a plain step, the write's share of the machine.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
 
-__all__ = ["Writer", "NICENESS"]
+__all__ = ["Writer", "InCaller", "NICENESS", "abandon_writes"]
 
 #: The nice value of the writer's thread (Linux): below the loop's priority.
 NICENESS = 10
@@ -96,3 +102,42 @@ class Writer:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
+
+
+class InCaller:
+    """Runs each write at once on the caller's thread; what ``manager`` (an orbax
+    ``CheckpointManager``) goes on writing in its own threads is waited for by
+    :meth:`finish`, which raises its error."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+
+    def start(self, write: Callable[[], object]) -> None:
+        write()
+
+    def running(self) -> bool:
+        return bool(self.manager.is_saving_in_progress())
+
+    def join(self) -> None:
+        """Nothing to join: :meth:`finish` waits for orbax's threads."""
+
+    def finish(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.finish()
+
+
+def abandon_writes() -> None:
+    """The process ends while orbax writes (a second Ctrl-C during a save): orbax's threads
+    then fail as the interpreter shuts down, and their tracebacks say nothing the user does
+    not know. Silences orbax's logs and the errors of threads other than the main one."""
+    for name in ("absl", "asyncio"):
+        logging.getLogger(name).disabled = True
+    previous = threading.excepthook
+
+    def quiet(args: Any) -> None:
+        if args.thread is threading.main_thread():
+            previous(args)
+
+    threading.excepthook = quiet
