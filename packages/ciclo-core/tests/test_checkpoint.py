@@ -199,7 +199,7 @@ def test_restore_from_a_missing_or_empty_directory_is_a_clear_error(tmp_path: Pa
     with pytest.raises(FileNotFoundError, match=r"holds no checkpoint"):
         ciclo.restore(tmp_path, {})
     (tmp_path / "file").write_text("")
-    with pytest.raises(NotADirectoryError, match=r"is a file, not a directory"):
+    with pytest.raises(NotADirectoryError, match=r"is a file"):
         ciclo.restore(tmp_path / "file", {})
     save_once(tmp_path / "run", {"x": jnp.zeros(())})
     with pytest.raises(FileNotFoundError, match=r"no checkpoint of step 7 .* holds steps \[1\]"):
@@ -226,7 +226,7 @@ def test_an_unwritable_directory_is_an_error_at_once(tmp_path: Path) -> None:
             pytest.skip("no unwritable directory available")
     with pytest.raises(PermissionError, match=r"checkpoint directory .* is not writable"):
         ciclo.checkpoint(readonly)
-    with pytest.raises(PermissionError, match=r"cannot create checkpoint directory"):
+    with pytest.raises(PermissionError, match=r"checkpoint directory .* cannot be created"):
         ciclo.checkpoint(readonly / "sub")
     (tmp_path / "file").write_text("")
     with pytest.raises(NotADirectoryError, match=r"is a file"):

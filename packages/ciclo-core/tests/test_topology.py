@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from ciclo._checkpoint._format import OtherTopology
+from ciclo._checkpoint._topology import OtherTopology
 from ciclo._checkpoint._resume import skip_consumed
 from ciclo.testing import free_port, run_on_loopback
 
@@ -109,7 +109,7 @@ def test_a_per_process_state_saved_by_another_number_of_processes_is_an_error():
     with pytest.raises(
         ValueError,
         match=r"state of 2 process\(es\), and this run has 1: the iterator of Positioned keeps "
-        r"a position of its own on each process(.|\n)*Resume on 2 process\(es\), or feed data "
+        r"a position of its own on each process\. Resume on 2 process\(es\), or feed data "
         r"whose position is global(.|\n)*ElasticIterator",
     ):
         skip_consumed(Positioned(), 4, saved)

@@ -22,7 +22,7 @@ from .._time._schedules import Schedule, every
 from . import _format, _integrity, _items, _lock, _writer
 from ._compilation_cache import release_compilation_cache, use_compilation_cache
 
-__all__ = ["Checkpoint", "checkpoint"]
+__all__ = ["Checkpoint", "checkpoint", "check_monitor"]
 
 _MODES = ("min", "max")
 _FIX = (
@@ -35,25 +35,24 @@ def _prepare_directory(path: str) -> None:
     """Creates ``path`` and checks that files can be written in it (local paths only)."""
     if "://" in path:
         return
+    what = "is not writable" if os.path.isdir(path) else "cannot be created"
     try:
         os.makedirs(path, exist_ok=True)
-    except FileExistsError:
-        raise NotADirectoryError(
-            f"checkpoint directory {path!r} is a file. Give ciclo.checkpoint a directory."
-        ) from None
-    except OSError as error:
-        raise PermissionError(
-            f"cannot create checkpoint directory {path!r}: {error.strerror}. Give "
-            f"ciclo.checkpoint a directory you can write to."
-        ) from error
-    try:
         with tempfile.NamedTemporaryFile(dir=path, prefix=".ciclo-write-test-"):
             pass
+    except FileExistsError:
+        raise NotADirectoryError(f"checkpoint directory {path!r} is a file.") from None
     except OSError as error:
         raise PermissionError(
-            f"checkpoint directory {path!r} is not writable: {error.strerror}. Give "
-            f"ciclo.checkpoint a directory you can write to."
+            f"checkpoint directory {path!r} {what} ({error.strerror}): give ciclo.checkpoint "
+            f"a directory you can write to."
         ) from error
+
+
+def check_monitor(owner: str, monitor: Any) -> None:
+    """Raises when ``monitor`` (an argument of ``owner``) is not a log entry's name."""
+    if not isinstance(monitor, str) or not monitor:
+        raise TypeError(f"{owner}(monitor={monitor!r}): monitor must be the name of a log entry.")
 
 
 _NO_MONITORED_ENTRY = (
@@ -85,15 +84,9 @@ class Checkpoint(LoopCallbackBase):
     (``elapsed.steps``). Writing is atomic: a run killed while writing leaves the
     previous checkpoints intact.
 
-    On resume, the batches the run had consumed are skipped, in the first way the dataset
-    allows: a dataset with ``state_dict()`` and ``load_state_dict(state)`` (the torchdata
-    ``StatefulDataLoader`` convention; a custom loader that can seek implements both, e.g.
-    ``{"batch": n}``, and starts its next ``iter()`` there) has its state saved and loaded
-    back, which also restores its shuffling exactly; a sequence (list, tuple, NumPy or JAX
-    array of batches), or an object Python iterates by index (``__getitem__`` without
-    ``__iter__``), is resumed by index; any other iterable is iterated again and the
-    consumed batches dropped (one line on stderr says so, with the count), so it must
-    yield the same batches when re-created.
+    On resume, the batches the run had consumed are skipped: a dataset with
+    ``state_dict()``/``load_state_dict()`` loads its state, a sequence seeks by index, any
+    other iterable is replayed (docs/checkpointing.md).
 
     Use it under any schedule of ``ciclo.loop`` (``{ciclo.every(1000): ckpt}``; spread in
     with ``**ckpt`` it saves every 10 minutes of loop time), in ``train_loop`` too
@@ -123,9 +116,8 @@ class Checkpoint(LoopCallbackBase):
             cache shared by several runs), ``False`` leaves JAX's cache alone. It takes
             effect when the checkpoint is made: make it before the state, so that the
             state's initialization is cached too; it ends with the checkpoint's loop.
-            A cache directory you set in JAX
-            yourself (``jax_compilation_cache_dir``) is kept. With several processes,
-            every process reads the cache and process 0 writes it.
+            A cache directory you set in JAX (``jax_compilation_cache_dir``) is kept.
+            With several processes, every process reads it and process 0 writes it.
 
     It is path-like (``os.fspath(ckpt)`` is its directory), so it can be given where a
     checkpoint directory is expected: ``loop(..., resume=ckpt)``, ``ciclo.restore(ckpt, ...)``.
@@ -175,11 +167,8 @@ class Checkpoint(LoopCallbackBase):
         for name, flag in (("async_save", async_save), ("save_on_end", save_on_end)):
             if not isinstance(flag, bool):
                 raise TypeError(f"checkpoint({name}={flag!r}): expected True or False.")
-        if monitor is not None and (not isinstance(monitor, str) or not monitor):
-            raise TypeError(
-                f"checkpoint(monitor={monitor!r}): monitor must be the name of a log entry, "
-                f"e.g. 'loss' or 'metrics.accuracy'."
-            )
+        if monitor is not None:
+            check_monitor("checkpoint", monitor)
         self.directory = _format.checkpoint_path(directory)
         self.keep, self.monitor, self.mode = keep, monitor, mode
         self.async_save, self.save_on_end = async_save, save_on_end

@@ -40,10 +40,9 @@ _JAX_DEFAULT_THRESHOLD = 1.0
 
 #: A cache path given to ``ciclo.checkpoint`` while JAX's is set to another by the user.
 _TWO_CACHES = (
-    "ciclo.checkpoint(compilation_cache={given!r}): JAX's compilation cache directory is "
-    "already set to {current!r} (jax_compilation_cache_dir, set outside ciclo). ciclo does "
-    "not move a cache you set yourself: leave out compilation_cache= to use yours, or stop "
-    "setting jax_compilation_cache_dir to use {given!r}."
+    "ciclo.checkpoint(compilation_cache={given!r}): JAX's cache is already set to "
+    "{current!r} (jax_compilation_cache_dir), and ciclo does not move a cache you set: leave "
+    "out compilation_cache=, or unset jax_compilation_cache_dir."
 )
 
 #: A ``compilation_cache=`` that is neither a bool nor a path.
@@ -76,10 +75,7 @@ def _check_path(path: str) -> str:
         return path
     path = os.path.abspath(os.path.expanduser(path))
     if os.path.exists(path) and not os.path.isdir(path):
-        raise NotADirectoryError(
-            f"ciclo.checkpoint(compilation_cache=...): {path!r} is a file; give a directory "
-            f"(created if needed) or False to leave JAX's compilation cache alone."
-        )
+        raise NotADirectoryError(f"compilation_cache={path!r} is a file; give a directory.")
     return path
 
 
@@ -107,10 +103,7 @@ def cache_path(setting: Any, checkpoint_directory: str) -> str | None:
     if not isinstance(text, str):
         text = os.fsdecode(text)
     if not text:
-        raise ValueError(
-            "ciclo.checkpoint(compilation_cache=''): give a directory path, True (a cache in "
-            "the checkpoint directory) or False (none)."
-        )
+        raise ValueError("ciclo.checkpoint(compilation_cache=''): give a directory path.")
     return _check_path(text)
 
 

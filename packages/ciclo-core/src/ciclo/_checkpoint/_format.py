@@ -158,15 +158,9 @@ def open_reader(path: str, *, must_exist: bool) -> Any:
         if not os.path.exists(path):
             if not must_exist:
                 return None
-            raise FileNotFoundError(
-                f"checkpoint directory {path!r} does not exist. Give the directory that "
-                f"ciclo.checkpoint(...) wrote to."
-            )
+            raise FileNotFoundError(f"checkpoint directory {path!r} does not exist.")
         if not os.path.isdir(path):
-            raise NotADirectoryError(
-                f"checkpoint directory {path!r} is a file, not a directory. Give the "
-                f"directory that ciclo.checkpoint(...) wrote to."
-            )
+            raise NotADirectoryError(f"checkpoint directory {path!r} is a file.")
     import orbax.checkpoint as ocp
 
     # Not read_only=True: orbax logs a warning for it. Nothing is written without a save.
@@ -180,10 +174,7 @@ def open_reader(path: str, *, must_exist: bool) -> Any:
         manager.close()
         if not must_exist:
             return None
-        raise FileNotFoundError(
-            f"checkpoint directory {path!r} holds no checkpoint (no completed step "
-            f"directory). Checkpoints whose writing was interrupted are not counted."
-        )
+        raise FileNotFoundError(f"checkpoint directory {path!r} holds no checkpoint.")
     return manager
 
 

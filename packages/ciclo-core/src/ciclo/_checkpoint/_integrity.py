@@ -147,28 +147,17 @@ def passed_over(path: str) -> dict[int, str]:
 
 
 _DAMAGED = (
-    "checkpoint {step} in {path!r} is damaged: cannot read {file!r} ({error_kind}: {error}). "
-    "Restore another step (step=..., this directory holds {others}), or resume=, which falls "
-    "back to the newest intact checkpoint; move {step_directory!r} away to keep it from being "
-    "tried."
+    "checkpoint {step} in {path!r} is damaged: cannot read {file!r} ({error}). Restore another "
+    "step (it holds {others}), or resume=, which falls back to the newest intact one; move "
+    "{path!r}/{step} away to keep it from being tried."
 )
 
 
 def damaged(path: str, step: int, file: str, error: BaseException, steps: list[int]) -> Any:
     others = sorted(s for s in steps if s != step)
-    return DamagedCheckpoint(
-        _DAMAGED.format(
-            step=step,
-            path=path,
-            file=file,
-            error_kind=type(error).__name__,
-            error=str(error)[:200],
-            others=others,
-            step_directory=os.path.join(path, str(step)),
-        ),
-        step=step,
-        file=file,
-    )
+    reason = f"{type(error).__name__}: {str(error)[:200]}"
+    text = _DAMAGED.format(step=step, path=path, file=file, error=reason, others=others)
+    return DamagedCheckpoint(text, step=step, file=file)
 
 
 def is_finite_step(manager: Any, step: int) -> bool:

@@ -116,9 +116,8 @@ def acquire(directory: str) -> bool:
 
 _IN_USE = (
     "checkpoint directory {directory!r} is in use by another run: process {pid} on host "
-    "{host!r}{started} writes to it (lock file {lock!r}). Two runs writing one directory "
-    "delete each other's checkpoints: give this run another directory, or stop the other "
-    "one. If that process is gone (e.g. its host died), delete the lock file."
+    "{host!r}{started} writes to it (lock file {lock!r}): give this run another directory, "
+    "or stop the other one; if it is gone, delete the lock file."
 )
 
 
@@ -158,10 +157,7 @@ def _take(directory: str) -> None:
                 lock=_lock_path(directory),
             )
         )
-    raise RuntimeError(
-        f"could not take the lock of checkpoint directory {directory!r}: other processes "
-        f"keep taking it. Give this run another directory."
-    )
+    raise RuntimeError(f"checkpoint directory {directory!r}: other runs keep taking its lock.")
 
 
 def release(directory: str) -> None:

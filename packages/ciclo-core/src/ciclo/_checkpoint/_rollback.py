@@ -1,20 +1,9 @@
-"""``ciclo.rollback_on_nan``: when the loss turns non-finite (or spikes), put the run back
-to its newest finite checkpoint from before the fault, skip the batches from there through
-the faulty one, and go on.
-
-It is composed around the engine, never inside a step: the callback reads the values the
-history has already fetched (no device sync of its own, so a fault is noticed a few steps
-late) and asks the loop to stop (``loop_state.request_stop``: with several processes at
-one agreed step). When the engine has returned, the loop calls its ``__loop_restart__``,
-which finds the first faulty row of the history, restores the checkpoint (state, counts,
-history, schedules and stateful callbacks, as a resume does), moves the dataset past the
-skipped batches, records the rollback in the history and hands the loop its batches, and
-the engine runs again.
-
-What makes a later resume exact: the checkpoints of the abandoned steps are set aside
-(:func:`_set_aside_after`), the rollback's row stays in the history,
-and ``loop_state.skipped_batches`` (saved in every checkpoint, ``data.skipped``) keeps the
-dataset's position: ``elapsed.steps - initial_elapsed.steps + skipped_batches``.
+"""``ciclo.rollback_on_nan``, the one home of a rollback: composed around the engine, it asks
+the loop to stop at a fault (one agreed step with several processes); the loop's restart hook
+(``__loop_restart__``) then puts the newest finite checkpoint back (as a resume does), sets
+aside the later checkpoints (:func:`_set_aside_after`), moves the dataset past the skipped
+batches and records the rollback in the history. A later resume is exact: the skipped
+batches are counted in every checkpoint (``data.skipped``, ``loop_state.skipped_batches``).
 """
 
 from __future__ import annotations
@@ -35,7 +24,7 @@ from .._processes._agreement import gather_to_all
 from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records._logs import Logs
 from . import _format, _integrity, _topology
-from ._callback import Checkpoint
+from ._callback import Checkpoint, check_monitor
 from ._resume import put_back, skip_consumed
 
 __all__ = ["RollbackOnNaN", "rollback_on_nan"]
@@ -59,11 +48,6 @@ MSG_ONE_SHOT = (
     "to a checkpoint's batch. Give a sequence of batches (a list, an array), a dataset "
     "that yields the same batches each time it is iterated, or a stateful one "
     "(ciclo.stateful_dataset, a loader with state_dict()/load_state_dict())."
-)
-MSG_MONITOR_MISSING = (
-    "rollback_on_nan: monitor {monitor!r} is not in the logs of step {step}; entries: "
-    "{entries}. Monitor a scalar the step logs (e.g. 'loss' or 'losses.loss'), and place "
-    "rollback_on_nan after the step that logs it."
 )
 MSG_NOTHING_BEFORE = (
     "rollback_on_nan: {fault} at step {step}, and no finite checkpoint in {directory!r} "
@@ -144,11 +128,7 @@ class RollbackOnNaN(LoopCallbackBase):
                 f"rollback_on_nan(checkpoint={checkpoint!r}): give the ciclo.checkpoint the "
                 f"loop writes (or its directory)."
             )
-        if not isinstance(monitor, str) or not monitor:
-            raise TypeError(
-                f"rollback_on_nan(monitor={monitor!r}): monitor must be the name of a log "
-                f"entry, e.g. 'loss' or 'losses.loss'."
-            )
+        check_monitor("rollback_on_nan", monitor)
         if spike is not None and (
             isinstance(spike, bool)
             or not isinstance(spike, int | float)
@@ -232,24 +212,18 @@ class RollbackOnNaN(LoopCallbackBase):
     def _key_in(self, logs: Logs, loop_state: LoopState) -> str | None:
         """The ``collection.name`` of the monitor in ``logs`` (``None`` while the step has
         logged nothing yet)."""
-        entries = [(c, n) for c, n, _ in logs.entries()]
-        found = [f"{c}.{n}" for c, n in entries if self.monitor in (n, f"{c}.{n}")]
-        if len(found) == 1:
-            return found[0]
-        if found:
+        if not any(logs.values()):
+            return None
+        try:
+            logs.entry_value(self.monitor)
+        except KeyError as error:
+            step = loop_state.elapsed.steps
             raise KeyError(
-                f"rollback_on_nan: monitor {self.monitor!r} is ambiguous, it could be any of "
-                f"{found}. Give its full name."
-            )
-        if entries:
-            raise KeyError(
-                MSG_MONITOR_MISSING.format(
-                    monitor=self.monitor,
-                    step=loop_state.elapsed.steps,
-                    entries=sorted(f"{c}.{n}" for c, n in entries),
-                )
-            )
-        return None
+                f"rollback_on_nan(monitor={self.monitor!r}) at step {step}: {error.args[0]}"
+            ) from None
+        if "." in self.monitor:
+            return self.monitor
+        return next(f"{c}.{self.monitor}" for c, entries in logs.items() if self.monitor in entries)
 
     def _scan(self, loop_state: LoopState, *, fetch: bool) -> tuple[int, str] | None:
         """The first fault in the rows not scanned yet that the history holds on the host

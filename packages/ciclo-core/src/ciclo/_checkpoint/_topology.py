@@ -21,6 +21,7 @@ from .._records import _host
 
 __all__ = [
     "PER_PROCESS",
+    "resplit",
     "OtherTopology",
     "is_sequence",
     "is_stateful_dataset",
@@ -44,12 +45,6 @@ def is_stateful_dataset(dataset: Any) -> bool:
 
 PER_PROCESS = "per_process"
 
-_DATA_STATE_NOT_JSON = (
-    "with several processes, a dataset's state_dict() must hold JSON values (numbers, "
-    "strings, lists, dicts) so that process 0 can save every process's state: {error}. "
-    "Return plain values from the dataset's state_dict()."
-)
-
 
 def _gather(state: Any) -> list[Any]:
     """Every process's dataset ``state_dict()``, in process order (each process draws its
@@ -57,7 +52,7 @@ def _gather(state: Any) -> list[Any]:
     try:
         return gather_to_all("data-state", _json_ready(state))
     except TypeError as error:
-        raise TypeError(_DATA_STATE_NOT_JSON.format(error=error)) from None
+        raise TypeError(f"a dataset's state_dict() must hold JSON values: {error}") from None
 
 
 def _json_ready(value: Any) -> Any:
@@ -98,3 +93,30 @@ def data_state(dataset: Any) -> Any:
         return None
     state = _host.to_host(dataset.state_dict())
     return {PER_PROCESS: _gather(state)} if jax.process_count() > 1 else state
+
+
+def resplit(dataset: Any, states: list[Any]) -> Any:
+    """The state ``dataset`` loads on this process out of ``states``, saved by another
+    number of processes: their one global position, which a dataset whose ``elastic`` is
+    ``True`` (``ciclo.stateful_dataset`` around Grain's ``ElasticIterator``) re-splits.
+
+    Raises:
+        ValueError: the dataset's state is per process, or the saved states differ.
+    """
+    name, saved = type(dataset).__name__, len(states)
+    where = f"the checkpoint holds the dataset state of {saved} process(es), and this run has"
+    if getattr(dataset, "elastic", False) is not True:
+        raise ValueError(
+            f"{where} {jax.process_count()}: the iterator of {name} keeps a position of its "
+            f"own on each process. Resume on {saved} process(es), or feed data whose position "
+            f"is global: a sequence of batches, or Grain's ElasticIterator in "
+            f"ciclo.stateful_dataset (docs/multihost.md)."
+        )
+    for index, other in enumerate(states[1:], start=1):
+        if other != states[0]:
+            raise ValueError(
+                f"{where} {jax.process_count()}: process {index} saved {other!r} and process "
+                f"0 {states[0]!r}, yet {name} keeps a global position. Resume on {saved} "
+                f"processes."
+            )
+    return states[0]
