@@ -4,6 +4,8 @@ checkpoint holds the state of the step that saved, whatever the loop does afterw
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -114,3 +116,25 @@ def test_a_save_failing_on_the_writer_thread_is_raised_at_the_next_step(
     ):
         ciclo.loop(0, range(50), tasks)
     assert seen[-1] <= 2  # raised at the end of the step after the save, or the one after
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's nice value: Linux")
+def test_a_small_save_is_written_at_the_loop_priority_a_large_one_below_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A tiny checkpoint written at a lower priority waited several steps on a busy machine.
+    from ciclo._checkpoint import _format, _writer
+
+    write, niceness = _format.write, []
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        niceness.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(_format, "write", recorded)
+    loop_priority = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    for size in (4, _writer.SMALL_WRITE // 4 + 1):  # float32: 16 bytes, just over the bound
+        ckpt = ciclo.checkpoint(tmp_path / str(size), compilation_cache=False)
+        ciclo.loop(jnp.zeros(size), [np.ones(1)] * 2, {ciclo.every(1): ckpt}, stop_signals=())
+    assert niceness[0] == loop_priority
+    assert niceness[-1] == min(loop_priority + _writer.NICENESS, 19)

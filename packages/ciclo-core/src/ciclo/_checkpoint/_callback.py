@@ -334,6 +334,8 @@ class Checkpoint(LoopCallbackBase):
             self._loop, self._end_step = loop_state, None
             for item in _items.task_items(loop_state.inputs.tasks).values():
                 item.checkpoint_at(self.directory, resumed=False)  # the ledger's heartbeat
+            if writes_here(OUTPUT_PROCESS):
+                _integrity.remove_empty_steps(self.directory)
             manager.reload()
             self._set_aside_passed_over(manager)
             later = [s for s in _integrity.steps_on_disk(manager, self.directory) if s > step]
@@ -353,16 +355,10 @@ class Checkpoint(LoopCallbackBase):
         snapshot = _format.snapshot(loop_state, host_copy=self._one_process)
         assert self._writer is not None
         try:
-            self._writer.start(
-                functools.partial(
-                    _format.write,
-                    manager,
-                    snapshot,
-                    value=value,
-                    monitor=self.monitor,
-                    mode=self.mode,
-                )
+            write = functools.partial(
+                _format.write, manager, snapshot, value=value, monitor=self.monitor, mode=self.mode
             )
+            self._writer.start(write, small=snapshot.nbytes < _writer.SMALL_WRITE)
         except _format.WriteFailed as error:
             raise self._failure(step, error) from error
         self._last_step = step

@@ -37,6 +37,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+import jax
+
 from .._loop._state import LoopState
 from . import _codec, _integrity, _items
 
@@ -183,6 +185,11 @@ class Snapshot(NamedTuple):
 
     step: int  #: the checkpoint's step (``elapsed.steps``)
     items: dict[str, Any]  #: the orbax items of the table above
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the arrays it holds."""
+        return sum(getattr(leaf, "nbytes", 0) for leaf in jax.tree_util.tree_leaves(self.items))
 
 
 def snapshot(loop_state: LoopState, *, host_copy: bool) -> Snapshot:

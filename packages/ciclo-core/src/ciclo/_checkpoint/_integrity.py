@@ -12,6 +12,7 @@ a passed-over checkpoint whose step a resumed run saves again is set aside (:fun
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -34,6 +35,7 @@ __all__ = [
     "is_finite_step",
     "newest",
     "set_aside",
+    "remove_empty_steps",
 ]
 
 
@@ -203,6 +205,16 @@ def newest(manager: Any, path: str, read_step: Callable[[int], T]) -> T:
 
 def _warn(text: str) -> None:
     warnings.warn(f"ciclo: {text}. Nothing is deleted.", RuntimeWarning, stacklevel=4)
+
+
+def remove_empty_steps(path: str) -> None:
+    """Removes the empty step directories of ``path`` (left by a kill while ``keep``
+    deleted a checkpoint), so that a save of that step can be written (local paths only)."""
+    if "://" not in path and os.path.isdir(path):
+        for name in os.listdir(path):
+            with contextlib.suppress(OSError):  # not empty, or not a directory: left alone
+                if name.isdigit():
+                    os.rmdir(os.path.join(path, name))
 
 
 def set_aside(path: str, step: int, why: str) -> str:

@@ -10,9 +10,12 @@ the step (:func:`._format.snapshot`) and hands the write (:func:`._format.write`
 synchronous save) to this thread, so that the loop is blocked only for the copy. The
 thread is started by the first save and ends with the callback (:meth:`Writer.close`, or
 when it is garbage collected); a write still running when Python exits is finished first.
-It runs at a lower CPU priority than the loop (Linux): measured on 2 busy cores
+A large write runs at a lower CPU priority than the loop (Linux): measured on 2 busy cores
 (``benchmarks/checkpoint_in_training.py``), that halved the time the step after a save
-took over a plain step, the write's share of the machine.
+took over a plain step, the write's share of the machine. A small one (under
+:data:`SMALL_WRITE` bytes of arrays) runs at the loop's priority, on a thread of its own: on
+a busy machine a thread at a lower priority waits, and a tiny checkpoint stayed uncommitted
+for several steps (issue 41).
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
-__all__ = ["Writer", "InCaller", "NICENESS", "abandon_writes"]
+__all__ = ["Writer", "InCaller", "NICENESS", "SMALL_WRITE", "abandon_writes"]
 
-#: The nice value of the writer's thread (Linux): below the loop's priority.
+#: The nice value of the writer's thread for large writes (Linux): below the loop's priority.
 NICENESS = 10
+#: The bytes of arrays under which a write runs at the loop's priority.
+SMALL_WRITE = 1 << 20
 
 
 def _lower_priority() -> None:
@@ -60,18 +65,21 @@ class Writer:
     """
 
     def __init__(self) -> None:
-        self._executor: ThreadPoolExecutor | None = None
+        self._executors: dict[bool, ThreadPoolExecutor] = {}  # by whether writes are small
         self._job: Future[object] | None = None
 
-    def start(self, write: Callable[[], object]) -> None:
-        """Starts ``write()`` on the writer's thread; the previous write must be finished."""
+    def start(self, write: Callable[[], object], *, small: bool = False) -> None:
+        """Starts ``write()`` on the writer's thread (a ``small`` one at the caller's
+        priority); the previous write must be finished."""
         if self._job is not None:
             raise RuntimeError("ciclo: a checkpoint write started before the previous finished")
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                1, thread_name_prefix="ciclo-checkpoint", initializer=_lower_priority
+        if small not in self._executors:
+            self._executors[small] = ThreadPoolExecutor(
+                1,
+                thread_name_prefix="ciclo-checkpoint",
+                initializer=None if small else _lower_priority,
             )
-        self._job = self._executor.submit(write)
+        self._job = self._executors[small].submit(write)
 
     def running(self) -> bool:
         """Whether a write is under way (never blocks)."""
@@ -99,9 +107,9 @@ class Writer:
         try:
             self.finish()
         finally:
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
-                self._executor = None
+            for executor in self._executors.values():
+                executor.shutdown(wait=True)
+            self._executors.clear()
 
 
 class InCaller:
@@ -112,7 +120,7 @@ class InCaller:
     def __init__(self, manager: Any) -> None:
         self.manager = manager
 
-    def start(self, write: Callable[[], object]) -> None:
+    def start(self, write: Callable[[], object], *, small: bool = False) -> None:
         write()
 
     def running(self) -> bool:
