@@ -138,3 +138,35 @@ def test_a_small_save_is_written_at_the_loop_priority_a_large_one_below_it(
         ciclo.loop(jnp.zeros(size), [np.ones(1)] * 2, {ciclo.every(1): ckpt}, stop_signals=())
     assert niceness[0] == loop_priority
     assert niceness[-1] == min(loop_priority + _writer.NICENESS, 19)
+
+
+class _Interrupted:
+    """A writer whose write is under way when a second Ctrl-C interrupts the wait."""
+
+    def running(self) -> bool:
+        return True
+
+    def finish(self) -> None:
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_a_second_ctrl_c_says_left_incomplete_only_of_a_checkpoint_not_committed(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    committed: bool,
+) -> None:
+    from ciclo._checkpoint import _writer
+
+    monkeypatch.setattr(_writer, "abandon_writes", lambda: None)  # keeps this process's logs
+    ckpt = ciclo.checkpoint(tmp_path, compilation_cache=False)
+    ckpt._writer, ckpt._last_step = _Interrupted(), 7  # type: ignore[assignment]
+    if committed:  # orbax renamed the step's directory into place: the write was complete
+        (tmp_path / "7").mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.wait()
+    said = "interrupted while writing checkpoint 7" in capsys.readouterr().err
+    assert said is not committed
+    ckpt._writer = None
+    ckpt.close()

@@ -111,13 +111,10 @@ class Checkpoint(LoopCallbackBase):
         save_on_end: also save when the loop ends normally (a stop by a signal or by a
             callback always saves).
         compilation_cache: JAX's persistent compilation cache, so that a resumed run loads
-            what the interrupted run compiled instead of compiling it again: ``True`` (the
-            default) keeps it in ``<directory>/compilation_cache``, a path elsewhere (one
-            cache shared by several runs), ``False`` leaves JAX's cache alone. It takes
-            effect when the checkpoint is made: make it before the state, so that the
-            state's initialization is cached too; it ends with the checkpoint's loop.
-            A cache directory you set in JAX (``jax_compilation_cache_dir``) is kept.
-            With several processes, every process reads it and process 0 writes it.
+            what the interrupted run compiled: ``True`` keeps it in
+            ``<directory>/compilation_cache``, a path elsewhere, ``False`` leaves JAX's cache
+            alone (as one you set in JAX). It takes effect when the checkpoint is made (make
+            it before the state) and ends with its loop.
 
     It is path-like (``os.fspath(ckpt)`` is its directory), so it can be given where a
     checkpoint directory is expected: ``loop(..., resume=ckpt)``, ``ciclo.restore(ckpt, ...)``.
@@ -431,7 +428,9 @@ class Checkpoint(LoopCallbackBase):
         except KeyboardInterrupt:  # a second Ctrl-C: the process ends, the write with it
             if self._saving():
                 _writer.abandon_writes()
-                if writes_here(OUTPUT_PROCESS):
+                # orbax commits a step by renaming its directory: a complete one is there
+                step_directory = os.path.join(self.directory, str(self._last_step))
+                if writes_here(OUTPUT_PROCESS) and not os.path.isdir(step_directory):
                     print(
                         f"ciclo.checkpoint: interrupted while writing checkpoint "
                         f"{self._last_step} to {self.directory!r}: it is left incomplete (a "

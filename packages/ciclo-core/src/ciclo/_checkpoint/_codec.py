@@ -22,27 +22,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = [
-    "ARRAY",
-    "STATE",
-    "split",
-    "join",
-    "collect_references",
-    "flatten",
-    "describe",
-    "state_to_save",
-    "structure_error",
-    "check_structure",
-    "is_key",
-    "abstract",
-    "abstract_state",
-    "fill",
-    "extract_copies",
-    "host_copy",
-    "all_finite",
-    "saved_difference",
-]
-
 ARRAY = "__ciclo_array__"  # a reference from ``meta`` into the ``arrays`` item
 STATE = "__ciclo_state__"  # a reference from ``meta`` into the ``copies`` item
 _VALUE_KINDS = ("jax", "numpy", "numpy-scalar", "python", "shape")

@@ -22,22 +22,6 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-__all__ = [
-    "NewestFinite",
-    "IntactSteps",
-    "finite_metrics",
-    "unreadable",
-    "steps_on_disk",
-    "DamagedCheckpoint",
-    "FILE_IN_ERROR",
-    "damaged",
-    "passed_over",
-    "is_finite_step",
-    "newest",
-    "set_aside",
-    "remove_empty_steps",
-]
-
 
 class NewestFinite:
     """An orbax preservation policy: keeps the newest checkpoint of a finite state, so that

@@ -3,30 +3,20 @@ checkpoint's ``meta`` that declares how it is taken from the loop at a save, dec
 read, and put back into a resumed loop. Something new to save is a new item here, not a
 branch in the format (:mod:`._format` writes and reads whatever the items give it).
 
-==================  ===========================================================================
-field               what it holds
-==================  ===========================================================================
-``elapsed``         ``Elapsed.to_dict()`` after the step that was saved.
-``initial_elapsed`` the count the run's loop started from.
-``data``            ``{"position": batches drawn, "state": the dataset's state_dict() or None
-                    (per process: ``_topology``), "skipped": batches rollbacks skipped}``
-                    (``skipped`` written when not 0).
-``schedules``       each task's ``schedule.state_dict()``, in task order (a watchdog's task
-                    left out: :func:`checkpointed_tasks`).
-``callbacks``       ``[{"name": class qualname, "state": state_dict()}]`` for each distinct
-                    stateful callback, in task order; trees shaped like the state in them
-                    (early stopping's best state) are saved like the state.
-``history``         ``History.state_dict()``.
-``logs``            the loop's latest logs, ``{collection: {name: value}}``.
-``end``             why and where the run ended, ``{"reason", "step", "message"}``
-                    (``LoopState.ending``) in the checkpoint saved when it ended, else ``None``.
-``ledger``          a ``ciclo.goodput()`` ledger's ``state_dict()`` (the task object whose
-                    ``checkpoint_key`` is ``"ledger"``), or ``None``.
-==================  ===========================================================================
+- ``elapsed``, ``initial_elapsed``: ``Elapsed.to_dict()`` after the saved step, and where the
+  run's loop started;
+- ``data``: ``{"position": batches drawn, "state": the dataset's state_dict() or None (per
+  process: ``_topology``), "skipped": batches rollbacks skipped (when not 0)}``;
+- ``ledger``: a ``ciclo.goodput()`` ledger's ``state_dict()`` (the task object whose
+  ``checkpoint_key`` is ``"ledger"``), or ``None``;
+- ``schedules``: each task's ``schedule.state_dict()`` (a watchdog's task left out);
+- ``callbacks``: ``[{"name": class qualname, "state": state_dict()}]`` of each stateful
+  callback; trees shaped like the state in them are saved like the state;
+- ``history``, ``logs``: ``History.state_dict()`` and the latest logs;
+- ``end``: ``LoopState.ending`` (why and where the run ended), else ``None``.
 
 Fields added after format 1 was first written (``end``, ``ledger``) have a value for
-checkpoints written without them; a checkpoint of ciclo 0.1 kept its ledger among the
-callbacks, where :func:`decode` finds it.
+checkpoints without them; ciclo 0.1 kept the ledger among the callbacks (:func:`decode`).
 """
 
 from __future__ import annotations
@@ -43,18 +33,6 @@ from .._records import _host
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed
 from . import _codec, _topology
-
-__all__ = [
-    "Item",
-    "ITEMS",
-    "Where",
-    "checkpointed_tasks",
-    "stateful_callbacks",
-    "task_items",
-    "encode",
-    "decode",
-    "put_back",
-]
 
 
 class Where(NamedTuple):

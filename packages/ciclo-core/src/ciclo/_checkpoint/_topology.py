@@ -19,16 +19,6 @@ from .._loop._hooks import is_stateful
 from .._processes._agreement import gather_to_all
 from .._records import _host
 
-__all__ = [
-    "PER_PROCESS",
-    "resplit",
-    "OtherTopology",
-    "is_sequence",
-    "is_stateful_dataset",
-    "data_state",
-    "own_data_state",
-]
-
 
 def is_sequence(dataset: Any) -> bool:
     """Whether ``dataset`` is indexable by batch (a sequence, a NumPy or JAX array)."""

@@ -5,12 +5,10 @@
 several processes, whose orbax barriers must run there; orbax's own async save then goes on
 in its threads).
 
-An async save of a one-process run takes a host copy of everything a checkpoint holds at
-the step (:func:`._format.snapshot`) and hands the write (:func:`._format.write`, orbax's
-synchronous save) to this thread, so that the loop is blocked only for the copy. The
-thread is started by the first save and ends with the callback (:meth:`Writer.close`, or
-when it is garbage collected); a write still running when Python exits is finished first.
-A large write runs at a lower CPU priority than the loop (Linux): measured on 2 busy cores
+An async save of one process takes a host copy of the checkpoint at the step
+(:func:`._format.snapshot`) and hands the write (orbax's synchronous save) to the thread, so
+that the loop is blocked only for the copy; a write running when Python exits is finished
+first. A large write runs at a lower CPU priority than the loop (Linux): measured on 2 busy cores
 (``benchmarks/checkpoint_in_training.py``), that halved the time the step after a save
 took over a plain step, the write's share of the machine. A small one (under
 :data:`SMALL_WRITE` bytes of arrays) runs at the loop's priority, on a thread of its own: on
