@@ -41,7 +41,9 @@ def _prepare_directory(path: str) -> None:
         with tempfile.NamedTemporaryFile(dir=path, prefix=".ciclo-write-test-"):
             pass
     except FileExistsError:
-        raise NotADirectoryError(f"checkpoint directory {path!r} is a file.") from None
+        raise NotADirectoryError(
+            f"checkpoint directory {path!r} is a file. Give ciclo.checkpoint a directory."
+        ) from None
     except OSError as error:
         raise PermissionError(
             f"checkpoint directory {path!r} {what} ({error.strerror}): give ciclo.checkpoint "
@@ -52,7 +54,10 @@ def _prepare_directory(path: str) -> None:
 def check_monitor(owner: str, monitor: Any) -> None:
     """Raises when ``monitor`` (an argument of ``owner``) is not a log entry's name."""
     if not isinstance(monitor, str) or not monitor:
-        raise TypeError(f"{owner}(monitor={monitor!r}): monitor must be the name of a log entry.")
+        raise TypeError(
+            f"{owner}(monitor={monitor!r}): monitor must be the name of a log entry, "
+            f"e.g. 'loss' or 'metrics.accuracy'."
+        )
 
 
 _NO_MONITORED_ENTRY = (

@@ -160,9 +160,9 @@ def open_reader(path: str, *, must_exist: bool) -> Any:
         if not os.path.exists(path):
             if not must_exist:
                 return None
-            raise FileNotFoundError(f"checkpoint directory {path!r} does not exist.")
+            raise FileNotFoundError(f"checkpoint directory {path!r} does not exist. {_GIVE}")
         if not os.path.isdir(path):
-            raise NotADirectoryError(f"checkpoint directory {path!r} is a file.")
+            raise NotADirectoryError(f"checkpoint directory {path!r} is a file. {_GIVE}")
     import orbax.checkpoint as ocp
 
     # Not read_only=True: orbax logs a warning for it. Nothing is written without a save.
@@ -176,8 +176,14 @@ def open_reader(path: str, *, must_exist: bool) -> Any:
         manager.close()
         if not must_exist:
             return None
-        raise FileNotFoundError(f"checkpoint directory {path!r} holds no checkpoint.")
+        raise FileNotFoundError(
+            f"checkpoint directory {path!r} holds no checkpoint (interrupted writes do not "
+            f"count). {_GIVE}"
+        )
     return manager
+
+
+_GIVE = "Give the directory that ciclo.checkpoint(...) wrote to."
 
 
 class Snapshot(NamedTuple):

@@ -134,8 +134,8 @@ def passed_over(path: str) -> dict[int, str]:
 
 _DAMAGED = (
     "checkpoint {step} in {path!r} is damaged: cannot read {file!r} ({error}). Restore another "
-    "step (it holds {others}), or resume=, which falls back to the newest intact one; move "
-    "{path!r}/{step} away to keep it from being tried."
+    "step (it holds {others}), or resume=, which falls back to the newest intact checkpoint; "
+    "move '{path}/{step}' away to keep it from being tried."
 )
 
 

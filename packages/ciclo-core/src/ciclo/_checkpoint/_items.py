@@ -154,7 +154,10 @@ def _read_data(value: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-_SAME_TASKS = "Resume with the same tasks (schedules and callbacks, in the same order)."
+_SAME_TASKS = (
+    "Resume with the same tasks (schedules and callbacks, in the same order) as the "
+    "interrupted run."
+)
 
 
 def _load_schedules(saved: list[Any], loop_state: LoopState, where: Where) -> None:
@@ -169,8 +172,8 @@ def _load_schedules(saved: list[Any], loop_state: LoopState, where: Where) -> No
             schedule.load_state_dict(state)
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(
-                f"{where} holds the state of another kind of schedule for task {i} "
-                f"({schedule!r}): {str(state)[:80]}. {_SAME_TASKS}"
+                f"cannot restore schedule {schedule!r} (task {i}) from {where}: the checkpoint "
+                f"holds the state of another kind of schedule ({str(state)[:80]}). {_SAME_TASKS}"
             ) from error
 
 

@@ -93,20 +93,23 @@ def resplit(dataset: Any, states: list[Any]) -> Any:
     Raises:
         ValueError: the dataset's state is per process, or the saved states differ.
     """
-    name, saved = type(dataset).__name__, len(states)
-    where = f"the checkpoint holds the dataset state of {saved} process(es), and this run has"
+    fields = {"name": type(dataset).__name__, "saved": len(states), "now": jax.process_count()}
     if getattr(dataset, "elastic", False) is not True:
-        raise ValueError(
-            f"{where} {jax.process_count()}: the iterator of {name} keeps a position of its "
-            f"own on each process. Resume on {saved} process(es), or feed data whose position "
-            f"is global: a sequence of batches, or Grain's ElasticIterator in "
-            f"ciclo.stateful_dataset (docs/multihost.md)."
-        )
+        raise ValueError(_PER_PROCESS_STATE.format(**fields))
     for index, other in enumerate(states[1:], start=1):
         if other != states[0]:
             raise ValueError(
-                f"{where} {jax.process_count()}: process {index} saved {other!r} and process "
-                f"0 {states[0]!r}, yet {name} keeps a global position. Resume on {saved} "
-                f"processes."
+                _STATES_DIFFER.format(index=index, other=other, first=states[0], **fields)
             )
     return states[0]
+
+
+_OTHER_COUNT = "the checkpoint holds the dataset state of {saved} process(es), this run has {now}"
+_PER_PROCESS_STATE = (
+    _OTHER_COUNT + ", and {name} keeps a position per process: resume on {saved} process(es), "
+    "or feed a sequence of batches or Grain's ElasticIterator (docs/multihost.md)."
+)
+_STATES_DIFFER = (
+    _OTHER_COUNT + ", and process {index} saved {other!r} but process 0 {first!r}, yet {name} "
+    "keeps a global position: resume on {saved} processes."
+)
