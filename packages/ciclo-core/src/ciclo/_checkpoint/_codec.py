@@ -1,15 +1,8 @@
-"""The checkpoint codec: how a state pytree and the plain-Python ``meta`` of a checkpoint
-are turned into what orbax stores, and back.
-
-- The state is saved in its own structure, leaves orbax cannot store (strings, functions,
-  empty arrays) left out as ``None`` and described in ``state_leaves``
-  (``[path, kind, shape, dtype, saved]`` per leaf: :func:`describe`), which a restore target
-  is checked against (:func:`check_structure`) and filled from (:func:`fill`), each array
-  placed like the target's.
-- ``meta`` is JSON; its NumPy arrays go to the ``arrays`` item (:func:`split`, referred to as
-  ``{"__ciclo_array__": name, "shape", "dtype", "scalar"}``), and trees shaped like the state
-  inside it (early stopping's best state) to the ``copies`` item (:func:`extract_copies`,
-  ``{"__ciclo_state__": name, "leaves": [...]}``); :func:`join` undoes both.
+"""The checkpoint codec. The state is saved in its own structure, leaves orbax cannot store
+left out and every leaf described in ``state_leaves`` (:func:`describe`), which a restore
+target is checked against (:func:`check_structure`) and filled from (:func:`fill`). ``meta``
+is JSON: its NumPy arrays go to the ``arrays`` item (:func:`split`) and its state-shaped trees
+to the ``copies`` item (:func:`extract_copies`), both by reference; :func:`join` undoes both.
 """
 
 from __future__ import annotations

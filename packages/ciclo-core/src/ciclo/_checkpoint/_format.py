@@ -22,11 +22,7 @@ item        orbax handler     what it holds
 ==========  ================  ===================================================================
 
 The orbax metrics of every checkpoint hold ``{"finite": bool}``, and with ``monitor=``
-``{"value": float, "monitor": name, "mode": "min" | "max"}``, which rank checkpoints
-(:func:`best_step`).
-
-Writing: :func:`open_writer`, :func:`snapshot`, :func:`write`. Reading: :func:`open_reader`,
-:func:`read` (a :class:`Contents`), :func:`read_newest`, :func:`best_step`.
+``{"value", "monitor", "mode"}``, which rank checkpoints (:func:`best_step`).
 """
 
 from __future__ import annotations

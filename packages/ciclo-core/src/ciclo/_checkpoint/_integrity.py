@@ -1,13 +1,8 @@
-"""What ciclo trusts of a checkpoint directory: which steps are intact, which hold a
-finite state, and which a read passed over.
-
-Every checkpoint has orbax metrics ``{"finite": bool}``: a checkpoint of a non-finite state
-never evicts the newest finite one (:class:`NewestFinite`), and a resume or restore passes it
-over (:func:`newest`). A damaged checkpoint (a truncated or missing file, a missing item, bad
-JSON; a step whose ``_CHECKPOINT_METADATA`` or ``metrics`` cannot be read is hidden from
-orbax, which would fail to open the directory: :class:`IntactSteps`) is a
-:class:`DamagedCheckpoint`, passed over with a warning. Nothing is deleted but by ``keep``:
-a passed-over checkpoint whose step a resumed run saves again is set aside (:func:`set_aside`).
+"""What ciclo trusts of a checkpoint directory. A step whose orbax files cannot be read is
+hidden from orbax (:class:`IntactSteps`) and a :class:`DamagedCheckpoint` when read; a
+non-finite state (its orbax metrics ``{"finite": false}``) never evicts the newest finite one
+(:class:`NewestFinite`); a resume or restore passes both over (:func:`newest`), and a resumed
+run sets aside, never deletes, those whose steps it writes again (:func:`set_aside`).
 """
 
 from __future__ import annotations

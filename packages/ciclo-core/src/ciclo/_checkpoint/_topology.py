@@ -1,10 +1,6 @@
-"""The data position of a run of one or several processes: what a checkpoint holds of the
-dataset, and which part of it is this process's.
-
-With several processes each process draws its own part of the data, so a stateful dataset's
-``state_dict()`` is saved per process (``{"per_process": [...]}``, gathered to process 0); a
-checkpoint of another number of processes comes back as :class:`OtherTopology`, which only a
-dataset with a global position can re-split (``_resume.skip_consumed``).
+"""The data position of a run of one or several processes: a stateful dataset's
+``state_dict()`` is saved per process (``{"per_process": [...]}``, gathered to process 0); one
+of another number of processes comes back as :class:`OtherTopology` (:func:`resplit`).
 """
 
 from __future__ import annotations

@@ -124,8 +124,8 @@ class InCaller:
     def running(self) -> bool:
         return bool(self.manager.is_saving_in_progress())
 
-    def join(self) -> None:
-        """Nothing to join: :meth:`finish` waits for orbax's threads."""
+    def join(self) -> None:  # nothing to join: finish waits for orbax's threads
+        pass
 
     def finish(self) -> None:
         self.manager.wait_until_finished()
