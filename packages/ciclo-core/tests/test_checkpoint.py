@@ -78,8 +78,8 @@ def test_resuming_with_a_ledger_the_run_did_not_have_names_it(tmp_path: Path) ->
     ciclo.loop(0, range(3), tasks, stop_signals=())
     with pytest.raises(
         ValueError,
-        match=r"2 tasks; this loop has 3\. This loop's stateful callbacks \['Goodput'\] are not "
-        r"in the checkpoint: .* joins a run from its start, or a new run\. Resume with the same",
+        match=r"this loop has a ledger \(ciclo.goodput\), checkpoint \d+ .* has none\. Resume "
+        r"with the same tasks",
     ):
         ciclo.loop(0, range(5), {**tasks, **ciclo.goodput()}, resume=tmp_path)
 
@@ -199,7 +199,7 @@ def test_restore_from_a_missing_or_empty_directory_is_a_clear_error(tmp_path: Pa
     with pytest.raises(FileNotFoundError, match=r"holds no checkpoint"):
         ciclo.restore(tmp_path, {})
     (tmp_path / "file").write_text("")
-    with pytest.raises(NotADirectoryError, match=r"is a file, not a directory"):
+    with pytest.raises(NotADirectoryError, match=r"is a file"):
         ciclo.restore(tmp_path / "file", {})
     save_once(tmp_path / "run", {"x": jnp.zeros(())})
     with pytest.raises(FileNotFoundError, match=r"no checkpoint of step 7 .* holds steps \[1\]"):
@@ -226,7 +226,7 @@ def test_an_unwritable_directory_is_an_error_at_once(tmp_path: Path) -> None:
             pytest.skip("no unwritable directory available")
     with pytest.raises(PermissionError, match=r"checkpoint directory .* is not writable"):
         ciclo.checkpoint(readonly)
-    with pytest.raises(PermissionError, match=r"cannot create checkpoint directory"):
+    with pytest.raises(PermissionError, match=r"checkpoint directory .* cannot be created"):
         ciclo.checkpoint(readonly / "sub")
     (tmp_path / "file").write_text("")
     with pytest.raises(NotADirectoryError, match=r"is a file"):
@@ -320,7 +320,7 @@ def test_a_failed_background_save_is_raised_at_the_next_call(
         ciclo.every(2): ciclo.checkpoint(tmp_path),
     }
     with pytest.raises(
-        RuntimeError, match=r"writing checkpoint 1 .* failed in the background.*No space"
+        RuntimeError, match=r"writing checkpoint 1 .* failed.*No space"
     ):
         ciclo.loop(0, range(10), tasks)
     assert steps == [0, 1, 2]  # raised by the checkpoint's next call, at step 2
@@ -331,7 +331,7 @@ def test_a_failed_background_save_is_raised_at_the_loop_end(
 ) -> None:
     _failing_finalize(monkeypatch)
     ended = []
-    with pytest.raises(RuntimeError, match=r"writing checkpoint 3 .* failed in the background"):
+    with pytest.raises(RuntimeError, match=r"writing checkpoint 3 .* failed"):
         ciclo.loop(0, range(3), {ciclo.never(): ciclo.checkpoint(tmp_path)}, on_end=ended.append)
     assert ended == []
 

@@ -4,6 +4,8 @@ checkpoint holds the state of the step that saved, whatever the loop does afterw
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -109,8 +111,62 @@ def test_a_save_failing_on_the_writer_thread_is_raised_at_the_next_step(
     tasks = {ciclo.every(1): step, ciclo.every(1000): ckpt}
     with pytest.raises(
         RuntimeError,
-        match=r"writing checkpoint 1 to .* failed in the background: OSError\(28, 'No space.*"
+        match=r"writing checkpoint 1 to .* failed: OSError\(28, 'No space.*"
         r"Make the directory writable",
     ):
         ciclo.loop(0, range(50), tasks)
     assert seen[-1] <= 2  # raised at the end of the step after the save, or the one after
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's nice value: Linux")
+def test_a_small_save_is_written_at_the_loop_priority_a_large_one_below_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A tiny checkpoint written at a lower priority waited several steps on a busy machine.
+    from ciclo._checkpoint import _format, _writer
+
+    write, niceness = _format.write, []
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        niceness.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(_format, "write", recorded)
+    loop_priority = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    for size in (4, _writer.SMALL_WRITE // 4 + 1):  # float32: 16 bytes, just over the bound
+        ckpt = ciclo.checkpoint(tmp_path / str(size), compilation_cache=False)
+        ciclo.loop(jnp.zeros(size), [np.ones(1)] * 2, {ciclo.every(1): ckpt}, stop_signals=())
+    assert niceness[0] == loop_priority
+    assert niceness[-1] == min(loop_priority + _writer.NICENESS, 19)
+
+
+class _Interrupted:
+    """A writer whose write is under way when a second Ctrl-C interrupts the wait."""
+
+    def running(self) -> bool:
+        return True
+
+    def finish(self) -> None:
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_a_second_ctrl_c_says_left_incomplete_only_of_a_checkpoint_not_committed(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    committed: bool,
+) -> None:
+    from ciclo._checkpoint import _writer
+
+    monkeypatch.setattr(_writer, "abandon_writes", lambda: None)  # keeps this process's logs
+    ckpt = ciclo.checkpoint(tmp_path, compilation_cache=False)
+    ckpt._writer, ckpt._last_step = _Interrupted(), 7  # type: ignore[assignment]
+    if committed:  # orbax renamed the step's directory into place: the write was complete
+        (tmp_path / "7").mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.wait()
+    said = "interrupted while writing checkpoint 7" in capsys.readouterr().err
+    assert said is not committed
+    ckpt._writer = None
+    ckpt.close()

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,9 @@ def test_a_damaged_latest_checkpoint_falls_back_and_the_resumed_run_is_exact(
     with pytest.warns(RuntimeWarning) as warned:
         resumed = training.fingerprint(*training.run(str(directory), resume=True))
     messages = [str(w.message) for w in warned]
-    assert any("passing over damaged checkpoint 14" in m and "left in place" in m for m in messages)
+    assert any(
+        "passing over damaged checkpoint 14" in m and "Nothing is deleted" in m for m in messages
+    )
     assert any("[14]" in m and "set aside as ['14.damaged'] (not deleted)" in m for m in messages)
     assert resumed == training.reference()
     assert (directory / "14.damaged").is_dir()  # set aside when step 14 was written anew
@@ -336,7 +339,7 @@ def test_a_background_save_error_surfaces_at_the_next_step(
         return None, state + 1.0
 
     tasks = {ciclo.every(1): step, ciclo.every(1000): ckpt}
-    with pytest.raises(RuntimeError, match=r"writing checkpoint 1 .* failed in the background"):
+    with pytest.raises(RuntimeError, match=r"writing checkpoint 1 .* failed"):
         ciclo.loop(jnp.zeros(2), range(50), tasks)
     assert len(seen) <= 3  # not at the next checkpoint (step 1000): within a step or two
 
@@ -436,7 +439,7 @@ def test_restoring_into_other_leaves_names_the_first_differing_path(tmp_path: Pa
 
 
 def test_all_finite() -> None:
-    from ciclo._checkpoint._format import all_finite
+    from ciclo._checkpoint._codec import all_finite
 
     assert all_finite({"w": jnp.ones(3), "k": jax.random.key(0), "n": 3, "s": "x"})
     assert not all_finite({"w": jnp.array([1.0, jnp.inf])})
@@ -490,3 +493,23 @@ def test_early_stopping_with_nan_at_every_check_keeps_the_result() -> None:
     )
     assert stopper.best is None  # NaN is never an improvement
     np.testing.assert_array_equal(state, [elapsed.steps] * 2)  # the final state, not lost
+
+
+def test_an_empty_step_directory_left_by_a_kill_is_no_checkpoint_and_is_removed(
+    tmp_path: Path,
+) -> None:
+    # A kill while keep deleted checkpoint 5 can leave its directory empty (issue 41).
+    directory = tmp_path / "run"
+    training.run(str(directory), stop=9)  # checkpoints 5 and 9 (keep=2)
+    (directory / "121").mkdir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not passed over as damaged: not a checkpoint at all
+        restored = ciclo.restore(directory, training.init_state())
+    assert restored.elapsed.steps == 9
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint of step 121 .* steps \[5, 9\]"):
+        ciclo.restore(directory, training.init_state(), step=121)
+    (directory / "7").mkdir()  # a step the resumed run saves again: removed at its first save
+    _, _, elapsed = training.run(str(directory), resume=True, stop=14)
+    assert elapsed.steps == 14
+    assert not (directory / "7").exists()
+    assert not (directory / "121").exists()

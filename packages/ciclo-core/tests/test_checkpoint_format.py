@@ -13,6 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import ciclo
+from ciclo._checkpoint._items import ITEMS
 
 
 def _run(directory: Path) -> ciclo.callbacks.Checkpoint:
@@ -36,16 +37,21 @@ def test_a_checkpoint_holds_the_documented_items_and_meta_fields(tmp_path: Path)
     meta = manager.restore(3, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     assert list(meta) == [
         "format",
+        "state_leaves",
+        *(item.key for item in ITEMS),  # each item declares its field
+    ]
+    assert {item.key for item in ITEMS} == {
         "elapsed",
         "initial_elapsed",
         "data",
-        "state_leaves",
+        "ledger",
         "schedules",
         "callbacks",
         "history",
         "logs",
         "end",
-    ]
+    }
+    assert meta["ledger"] is None  # no ciclo.goodput() in this loop
     assert meta["format"] == 1
     assert meta["elapsed"]["steps"] == 3
     assert meta["data"] == {"position": 3, "state": None}

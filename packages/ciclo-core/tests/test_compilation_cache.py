@@ -118,7 +118,7 @@ def test_bad_compilation_cache_settings_are_clear_errors(tmp_path, jax_cache_of_
         ciclo.checkpoint(tmp_path / "b", compilation_cache="")
     a_file = tmp_path / "file"
     a_file.write_text("")
-    with pytest.raises(NotADirectoryError, match=r"'.*file' is a file\.$"):
+    with pytest.raises(NotADirectoryError, match=r"'.*file' is a file; give a directory"):
         ciclo.checkpoint(tmp_path / "c", compilation_cache=a_file)
     assert jax.config.jax_compilation_cache_dir is None  # nothing was changed
 

@@ -225,7 +225,7 @@ def test_a_monitor_not_logged_is_named_with_the_entries(ckpt):
     rollback = ciclo.rollback_on_nan(ckpt, monitor="los")
     tasks = {ciclo.every(1): [_step, rollback], ciclo.every(5): ckpt}
     with pytest.raises(
-        KeyError, match=r"monitor 'los' is not in the logs of step 0; .*losses.loss"
+        KeyError, match=r"monitor='los'\) at step 0: no log entry 'los'; entries: .*losses.loss"
     ):
         ciclo.loop(jnp.ones(()), [np.ones(2)] * 3, tasks)
 

@@ -14,15 +14,15 @@ import jax
 
 from .._loop._base import LoopCallbackBase
 from .._loop._state import LoopState
-from .._processes._agreement import fault_of_another_process, gather_to_all
+from .._processes._agreement import fault_of_another_process
 from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records import _host
 from .._time._phases import CHECKPOINT, marked
 from .._time._schedules import Schedule, every
-from . import _format, _lock, _writer
+from . import _format, _integrity, _items, _lock, _writer
 from ._compilation_cache import release_compilation_cache, use_compilation_cache
 
-__all__ = ["Checkpoint", "checkpoint"]
+__all__ = ["Checkpoint", "checkpoint", "check_monitor"]
 
 _MODES = ("min", "max")
 _FIX = (
@@ -35,25 +35,29 @@ def _prepare_directory(path: str) -> None:
     """Creates ``path`` and checks that files can be written in it (local paths only)."""
     if "://" in path:
         return
+    what = "is not writable" if os.path.isdir(path) else "cannot be created"
     try:
         os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".ciclo-write-test-"):
+            pass
     except FileExistsError:
         raise NotADirectoryError(
             f"checkpoint directory {path!r} is a file. Give ciclo.checkpoint a directory."
         ) from None
     except OSError as error:
         raise PermissionError(
-            f"cannot create checkpoint directory {path!r}: {error.strerror}. Give "
-            f"ciclo.checkpoint a directory you can write to."
+            f"checkpoint directory {path!r} {what} ({error.strerror}): give ciclo.checkpoint "
+            f"a directory you can write to."
         ) from error
-    try:
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".ciclo-write-test-"):
-            pass
-    except OSError as error:
-        raise PermissionError(
-            f"checkpoint directory {path!r} is not writable: {error.strerror}. Give "
-            f"ciclo.checkpoint a directory you can write to."
-        ) from error
+
+
+def check_monitor(owner: str, monitor: Any) -> None:
+    """Raises when ``monitor`` (an argument of ``owner``) is not a log entry's name."""
+    if not isinstance(monitor, str) or not monitor:
+        raise TypeError(
+            f"{owner}(monitor={monitor!r}): monitor must be the name of a log entry, "
+            f"e.g. 'loss' or 'metrics.accuracy'."
+        )
 
 
 _NO_MONITORED_ENTRY = (
@@ -85,15 +89,9 @@ class Checkpoint(LoopCallbackBase):
     (``elapsed.steps``). Writing is atomic: a run killed while writing leaves the
     previous checkpoints intact.
 
-    On resume, the batches the run had consumed are skipped, in the first way the dataset
-    allows: a dataset with ``state_dict()`` and ``load_state_dict(state)`` (the torchdata
-    ``StatefulDataLoader`` convention; a custom loader that can seek implements both, e.g.
-    ``{"batch": n}``, and starts its next ``iter()`` there) has its state saved and loaded
-    back, which also restores its shuffling exactly; a sequence (list, tuple, NumPy or JAX
-    array of batches), or an object Python iterates by index (``__getitem__`` without
-    ``__iter__``), is resumed by index; any other iterable is iterated again and the
-    consumed batches dropped (one line on stderr says so, with the count), so it must
-    yield the same batches when re-created.
+    On resume, the batches the run had consumed are skipped: a dataset with
+    ``state_dict()``/``load_state_dict()`` loads its state, a sequence seeks by index, any
+    other iterable is replayed (docs/checkpointing.md).
 
     Use it under any schedule of ``ciclo.loop`` (``{ciclo.every(1000): ckpt}``; spread in
     with ``**ckpt`` it saves every 10 minutes of loop time), in ``train_loop`` too
@@ -118,14 +116,10 @@ class Checkpoint(LoopCallbackBase):
         save_on_end: also save when the loop ends normally (a stop by a signal or by a
             callback always saves).
         compilation_cache: JAX's persistent compilation cache, so that a resumed run loads
-            what the interrupted run compiled instead of compiling it again: ``True`` (the
-            default) keeps it in ``<directory>/compilation_cache``, a path elsewhere (one
-            cache shared by several runs), ``False`` leaves JAX's cache alone. It takes
-            effect when the checkpoint is made: make it before the state, so that the
-            state's initialization is cached too; it ends with the checkpoint's loop.
-            A cache directory you set in JAX
-            yourself (``jax_compilation_cache_dir``) is kept. With several processes,
-            every process reads the cache and process 0 writes it.
+            what the interrupted run compiled: ``True`` keeps it in
+            ``<directory>/compilation_cache``, a path elsewhere, ``False`` leaves JAX's cache
+            alone (as one you set in JAX). It takes effect when the checkpoint is made (make
+            it before the state) and ends with its loop.
 
     It is path-like (``os.fspath(ckpt)`` is its directory), so it can be given where a
     checkpoint directory is expected: ``loop(..., resume=ckpt)``, ``ciclo.restore(ckpt, ...)``.
@@ -175,11 +169,8 @@ class Checkpoint(LoopCallbackBase):
         for name, flag in (("async_save", async_save), ("save_on_end", save_on_end)):
             if not isinstance(flag, bool):
                 raise TypeError(f"checkpoint({name}={flag!r}): expected True or False.")
-        if monitor is not None and (not isinstance(monitor, str) or not monitor):
-            raise TypeError(
-                f"checkpoint(monitor={monitor!r}): monitor must be the name of a log entry, "
-                f"e.g. 'loss' or 'metrics.accuracy'."
-            )
+        if monitor is not None:
+            check_monitor("checkpoint", monitor)
         self.directory = _format.checkpoint_path(directory)
         self.keep, self.monitor, self.mode = keep, monitor, mode
         self.async_save, self.save_on_end = async_save, save_on_end
@@ -189,9 +180,8 @@ class Checkpoint(LoopCallbackBase):
         self._unlock_at_exit: Any = None
         self._lock()
         self._manager: Any = None
-        self._writer = _writer.Writer()  # the writes of async saves of one process
+        self._writer: _writer.Writer | _writer.InCaller | None = None  # writes the saves
         self._one_process = True  # whether a save copies the state to host memory
-        self._in_thread = False  # whether async saves are written by ``_writer``
         self._last_step: int | None = None  # the last step saved (or found saved)
         self._end_step: int | None = None  # saved at a loop's end, unasked: replaceable
         self._loop: LoopState | None = None  # the loop checked for checkpoints of later steps
@@ -298,14 +288,15 @@ class Checkpoint(LoopCallbackBase):
             # save holds barriers across processes, which must run on the loop's thread:
             # orbax's own async save then copies the local shards and writes in its threads.
             self._one_process = jax.process_count() == 1
-            self._in_thread = self.async_save and self._one_process
+            in_thread = self.async_save and self._one_process
             self._manager = _format.open_writer(
                 self.directory,
                 keep=self.keep,
                 monitor=self.monitor,
                 mode=self.mode,
-                async_save=self.async_save and not self._in_thread,
+                async_save=self.async_save and not in_thread,
             )
+            self._writer = _writer.Writer() if in_thread else _writer.InCaller(self._manager)
         return self._manager
 
     def _monitored_value(self, loop_state: LoopState) -> float:
@@ -343,9 +334,13 @@ class Checkpoint(LoopCallbackBase):
         self.wait()  # orbax's save would wait for the previous one too; this names its error
         if self._loop is not loop_state:
             self._loop, self._end_step = loop_state, None
+            for item in _items.task_items(loop_state.inputs.tasks).values():
+                item.checkpoint_at(self.directory, resumed=False)  # the ledger's heartbeat
+            if writes_here(OUTPUT_PROCESS):
+                _integrity.remove_empty_steps(self.directory)
             manager.reload()
             self._set_aside_passed_over(manager)
-            later = [s for s in _format.steps_on_disk(manager, self.directory) if s > step]
+            later = [s for s in _integrity.steps_on_disk(manager, self.directory) if s > step]
             if later:
                 raise FileExistsError(
                     _CHECKPOINTS_OF_LATER_STEPS.format(
@@ -360,22 +355,14 @@ class Checkpoint(LoopCallbackBase):
                 self._last_step = step
                 return False
         snapshot = _format.snapshot(loop_state, host_copy=self._one_process)
-        write = functools.partial(
-            _format.write, manager, snapshot, value=value, monitor=self.monitor, mode=self.mode
-        )
-        if self._in_thread:
-            self._writer.start(write)
-        else:
-            try:
-                write()
-            except _format.WriteFailed as error:
-                fault = fault_of_another_process()  # its collectives failed with it
-                if fault is not None:
-                    raise fault from error
-                raise RuntimeError(
-                    f"ciclo.checkpoint: cannot write checkpoint {step} to {self.directory!r}: "
-                    f"{error.__cause__!r}. {_FIX}"
-                ) from error
+        assert self._writer is not None
+        try:
+            write = functools.partial(
+                _format.write, manager, snapshot, value=value, monitor=self.monitor, mode=self.mode
+            )
+            self._writer.start(write, small=snapshot.nbytes < _writer.SMALL_WRITE)
+        except _format.WriteFailed as error:
+            raise self._failure(step, error) from error
         self._last_step = step
         if not self.async_save or self._ended is loop_state:
             self.wait()  # nothing would wait for a save after the loop's end
@@ -393,20 +380,20 @@ class Checkpoint(LoopCallbackBase):
 
     def _saving(self) -> bool:
         """Whether a save is being written in the background (never blocks)."""
-        if self._in_thread:
-            return self._writer.running()
-        return self._manager is not None and bool(self._manager.is_saving_in_progress())
+        return self._writer is not None and self._writer.running()
 
     def _set_aside_passed_over(self, manager: Any) -> None:
         """Renames the checkpoints that this process's resume passed over (damaged, or of a
         non-finite state), at the resumed run's first save: it writes their steps anew, and
         orbax's ``keep`` must neither count them nor evict the checkpoint resumed from for
         them. They are kept, never deleted."""
-        passed = _format.passed_over(self.directory)
-        present = [s for s in _format.steps_on_disk(manager, self.directory) if s in passed]
+        passed = _integrity.passed_over(self.directory)
+        present = [s for s in _integrity.steps_on_disk(manager, self.directory) if s in passed]
         if not present or "://" in self.directory:
             return
-        moved = [_format.set_aside(self.directory, s, passed[s].replace("-", "")) for s in present]
+        moved = [
+            _integrity.set_aside(self.directory, s, passed[s].replace("-", "")) for s in present
+        ]
         warnings.warn(
             _PASSED_OVER_SET_ASIDE.format(
                 present=present,
@@ -419,31 +406,14 @@ class Checkpoint(LoopCallbackBase):
         )
         manager.reload()
 
-    def set_aside_after(self, step: int) -> list[int]:
-        """Puts the checkpoints of steps after ``step`` out of the way of this run (a
-        rollback went back to checkpoint ``step``: they hold the abandoned steps): renamed
-        to ``<step>.rolled-back`` (a local directory; kept, never deleted), or deleted on
-        a URL, where nothing can be renamed. With several processes every process calls
-        it at the same step; process 0 renames. Returns their steps."""
-        self.wait()
-        gather_to_all("checkpoint set aside: ready", step)  # no process reads them any more
-        manager = self._open()
-        later: list[int] = []
-        if writes_here(OUTPUT_PROCESS):
-            manager.reload()
-            later = [s for s in _format.steps_on_disk(manager, self.directory) if s > step]
-            for s in later:
-                if "://" in self.directory:
-                    manager.delete(s)
-                else:
-                    _format.set_aside(self.directory, s, "rolled-back")
-        # The others wait for the renames, and learn which steps they were.
-        later = gather_to_all("checkpoint set aside: done", later)[OUTPUT_PROCESS]
-        manager.reload()
+    def rewind(self, step: int) -> None:
+        """Forgets the saves after ``step``: the run went back to checkpoint ``step``, and
+        the checkpoints after it were set aside (``rollback_on_nan``)."""
+        if self._manager is not None:
+            self._manager.reload()
         if self._last_step is not None and self._last_step > step:
             self._last_step = step
         self._end_step = None
-        return later
 
     # --- waiting and errors -------------------------------------------------------------------
     def _raise_failed_save(self) -> None:
@@ -458,13 +428,14 @@ class Checkpoint(LoopCallbackBase):
             RuntimeError: a background save failed (the checkpoint was not written).
         """
         try:
-            self._writer.finish()
-            if self._manager is not None:
-                self._manager.wait_until_finished()
+            if self._writer is not None:
+                self._writer.finish()
         except KeyboardInterrupt:  # a second Ctrl-C: the process ends, the write with it
             if self._saving():
-                _format.abandon_writes()
-                if writes_here(OUTPUT_PROCESS):
+                _writer.abandon_writes()
+                # orbax commits a step by renaming its directory: a complete one is there
+                step_directory = os.path.join(self.directory, str(self._last_step))
+                if writes_here(OUTPUT_PROCESS) and not os.path.isdir(step_directory):
                     print(
                         f"ciclo.checkpoint: interrupted while writing checkpoint "
                         f"{self._last_step} to {self.directory!r}: it is left incomplete (a "
@@ -475,14 +446,18 @@ class Checkpoint(LoopCallbackBase):
             raise
         except Exception as error:
             failed, self._last_step = self._last_step, None  # not on disk: may be saved again
-            fault = fault_of_another_process()  # its collectives failed with it
-            if fault is not None:
-                raise fault from error
-            cause = error.__cause__ if isinstance(error, _format.WriteFailed) else error
-            raise RuntimeError(
-                f"ciclo.checkpoint: writing checkpoint {failed} to {self.directory!r} failed "
-                f"in the background: {cause!r}. {_FIX}"
-            ) from error
+            raise self._failure(failed, error) from error
+
+    def _failure(self, step: int | None, error: Exception) -> BaseException:
+        """The error to raise for a write of checkpoint ``step`` that failed with ``error``."""
+        fault = fault_of_another_process()  # its collectives failed with it
+        if fault is not None:
+            return fault
+        cause = error.__cause__ if isinstance(error, _format.WriteFailed) else error
+        return RuntimeError(
+            f"ciclo.checkpoint: writing checkpoint {step} to {self.directory!r} failed: "
+            f"{cause!r}. {_FIX}"
+        )
 
     def _wait_quietly(self, error: BaseException) -> None:
         try:
@@ -496,7 +471,9 @@ class Checkpoint(LoopCallbackBase):
             try:
                 self.wait()
             finally:
-                self._writer.close()
+                if self._writer is not None:
+                    self._writer.close()
+                    self._writer = None
                 if self._manager is not None:
                     self._manager.close()
                     self._manager = None
@@ -506,7 +483,8 @@ class Checkpoint(LoopCallbackBase):
     def all_steps(self) -> list[int]:
         """The steps of the checkpoints in the directory, oldest first (after the save
         being written, if any, has ended)."""
-        self._writer.join()
+        if self._writer is not None:
+            self._writer.join()
         return sorted(self._open().all_steps())
 
 

@@ -2,18 +2,11 @@
 compilation_cache=True)`` points JAX at ``<directory>/compilation_cache``, so that a resumed
 run loads every program the interrupted run compiled instead of compiling it again.
 
-JAX reads its cache directory (``jax_compilation_cache_dir``) when it first compiles after
-the directory is set, and then keeps that cache for the process; :func:`use_compilation_cache`
-resets it (``reset_cache``) when it moves the directory, so that each new checkpoint's cache
-is the one in use. It also lowers ``jax_persistent_cache_min_compile_time_secs`` from JAX's
-default (1 s, which on CPU leaves most programs out) to 0, so every program is cached.
-
-ciclo only ever changes what it set itself: a cache directory set by the user
-(``_set("jax_compilation_cache_dir", ...)``, the ``JAX_COMPILATION_CACHE_DIR``
-environment variable, ``set_cache_dir``) and a threshold set by the user are kept.
-
-With several processes, each reads the cache and only process 0 writes it (JAX's rule): the
-directory must be one every process sees, as the checkpoint directory already is.
+JAX keeps the cache it first compiled with: :func:`use_compilation_cache` resets it
+(``reset_cache``) when it moves the directory, and lowers
+``jax_persistent_cache_min_compile_time_secs`` to 0 (JAX's 1 s leaves most CPU programs out).
+ciclo only changes what it set itself: a directory or threshold the user set is kept. With
+several processes, each reads the cache and process 0 writes it (JAX's rule).
 """
 
 from __future__ import annotations
@@ -74,7 +67,7 @@ def _check_path(path: str) -> str:
         return path
     path = os.path.abspath(os.path.expanduser(path))
     if os.path.exists(path) and not os.path.isdir(path):
-        raise NotADirectoryError(f"ciclo.checkpoint(compilation_cache=...): {path!r} is a file.")
+        raise NotADirectoryError(f"compilation_cache={path!r} is a file; give a directory.")
     return path
 
 

@@ -5,14 +5,11 @@ The lock is the file ``.ciclo-writer.lock`` in the directory, created atomically
 Only the process that writes outputs (process 0, see :mod:`.._processes._outputs`) takes it:
 the other processes of a multi-process run save through orbax too, but they are the same run.
 
-A lock held by a process that is gone is *stale*: on the same host (the pid no longer
-exists) it is taken over with a warning logged (logger ``"ciclo"``: every run resumed
-after a kill does this, so it is not a Python warning, which test suites make errors).
-Across hosts the pid cannot be checked, so a lock written by another host is always in
-use: if that run is gone (a node that died), delete the lock file by hand. Within one
-process the lock is shared (two checkpoint objects of one process on one directory are one
-writer). Directories given as URLs (``gs://...``) are not locked: object stores have no
-atomic create-if-absent that ciclo could rely on.
+A lock of a process that is gone on the same host is taken over with a warning logged
+(logger ``"ciclo"``: every resume after a kill does it); one of another host is always in
+use (its pid cannot be checked): delete it by hand if that run is gone. Within one process
+the lock is shared. URLs (``gs://...``) are not locked: object stores have no atomic
+create-if-absent.
 """
 
 from __future__ import annotations
@@ -116,9 +113,8 @@ def acquire(directory: str) -> bool:
 
 _IN_USE = (
     "checkpoint directory {directory!r} is in use by another run: process {pid} on host "
-    "{host!r}{started} writes to it (lock file {lock!r}). Two runs writing one directory "
-    "delete each other's checkpoints: give this run another directory, or stop the other "
-    "one. If that process is gone (e.g. its host died), delete the lock file."
+    "{host!r}{started} writes to it (lock file {lock!r}): give this run another directory, "
+    "or stop the other one; if it is gone, delete the lock file."
 )
 
 
@@ -158,10 +154,7 @@ def _take(directory: str) -> None:
                 lock=_lock_path(directory),
             )
         )
-    raise RuntimeError(
-        f"could not take the lock of checkpoint directory {directory!r}: other processes "
-        f"keep taking it. Give this run another directory."
-    )
+    raise RuntimeError(f"checkpoint directory {directory!r}: other runs keep taking its lock.")
 
 
 def release(directory: str) -> None:

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 from .._records._history import History
 from .._time._elapsed import Elapsed
-from . import _format
+from . import _format, _integrity
 from ._lazy import LazyState
 
 __all__ = ["Restored", "restore", "restore_best"]
@@ -70,7 +70,7 @@ def restore(directory: str | os.PathLike[str], state: Any, *, step: int | None =
     if isinstance(state, LazyState):
         state = state.shapes()
     try:
-        steps = _format.steps_on_disk(manager, path)
+        steps = _integrity.steps_on_disk(manager, path)
         if step is None:
             contents = _format.read_newest(manager, path, state, copies=False)
         elif step not in steps:
@@ -82,8 +82,8 @@ def restore(directory: str | os.PathLike[str], state: Any, *, step: int | None =
     finally:
         manager.close()
     history = History()
-    history.load_state_dict(contents.history)
-    return Restored(contents.state, history, contents.elapsed)
+    history.load_state_dict(contents.fields["history"])
+    return Restored(contents.state, history, contents.fields["elapsed"])
 
 
 def restore_best(directory: str | os.PathLike[str], state: Any) -> Restored:

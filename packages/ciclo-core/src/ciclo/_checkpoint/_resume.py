@@ -1,38 +1,21 @@
-"""Exact resume: how ``ciclo.loop(..., resume=directory)`` continues a run from its latest
-checkpoint (what a checkpoint holds is :mod:`._format`'s business).
+"""Exact resume: how ``ciclo.loop(..., resume=directory)`` continues a run from its newest
+checkpoint. The checkpoint's items are put back (:mod:`._items`: the tasks must be those of
+the interrupted run, in the same order), and the data already consumed is skipped, in the
+first way the dataset allows (:func:`skip_consumed`):
 
-The loop's state, ``elapsed``, history and latest logs are put back; every schedule and
-every stateful callback loads its saved state (the tasks must be those of the interrupted
-run, in the same order). Data already consumed is skipped, in the first way the dataset
-allows:
+1. a dataset with ``state_dict()`` / ``load_state_dict(state)`` (torchdata's
+   ``StatefulDataLoader`` convention; ``ciclo.stateful_dataset`` for Grain) loads its saved
+   state, which restores its position and shuffling exactly (per process: :mod:`._topology`);
+2. a sequence of batches, or an object Python iterates by index (``__getitem__`` without
+   ``__iter__``), starts at the first batch not consumed, by index (a global position: any
+   number of processes);
+3. any other iterable is iterated again and the consumed batches dropped (replay, said in one
+   line on stderr): it must yield the same batches when re-created.
 
-1. The dataset has ``state_dict()`` and ``load_state_dict(state)`` (the torchdata
-   ``StatefulDataLoader`` convention): its state is saved with each checkpoint and loaded
-   back before iterating, which restores the position and any shuffling state exactly.
-   A custom loader that can seek implements both, e.g. ``state_dict() -> {"batch": n}``,
-   and starts its next ``iter()`` at that batch. With several processes each process saves
-   its own state; a checkpoint of another number of processes resumes only a dataset whose
-   state is a global position that each process re-splits (:func:`is_elastic`: Grain's
-   ``ElasticIterator``), and is an error naming the fix for any other.
-2. The dataset is a sequence (a list, a tuple, a NumPy or JAX array of batches), or an
-   object that Python iterates by index (``__getitem__`` from 0 to an ``IndexError``, no
-   ``__iter__`` of its own): iteration starts at the first batch not consumed, by index.
-3. Otherwise the dataset is iterated again and the consumed batches are drawn and
-   dropped (replay), which one line on stderr says, with their count; this needs a
-   dataset that yields the same batches when re-created (seeded shuffling).
-
-Only the third replays: the first two seek at once, whatever the position (a Grain
-``DataLoader`` or ``IterDataset`` seeks through its iterator's state when wrapped in
-``ciclo.stateful_dataset``).
-
-The position of 2. and 3. counts global steps, so they resume on any number of processes
-and devices (each process feeding its part of the same global batches).
-
-A run whose newest checkpoint records that it ended (its stop reached, its data run out,
-a callback's stop: the ``end`` field, see :mod:`._format`) stays finished: the loop gets
-its final state, history and elapsed and runs nothing (``loop_state.finished``), unless
-it asks for more: a ``stop`` not yet reached with data left past the consumed batches,
-or, for a run a callback stopped, ``resume_stopped=True``.
+A run whose newest checkpoint records that it ended (the ``end`` item) stays finished: the
+loop gets its final state, history and elapsed and runs nothing (``loop_state.finished``),
+unless it asks for more: a ``stop`` not reached yet with data left, or, for a run a callback
+stopped, ``resume_stopped=True``.
 """
 
 from __future__ import annotations
@@ -40,55 +23,18 @@ from __future__ import annotations
 import itertools
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
-
-import jax
 
 from .._loop._state import ENDING_WORDS, STOPPED_ENDINGS, LoopState
 from .._processes._outputs import OUTPUT_PROCESS, writes_here
-from .._records._logs import Logs
 from .._time._elapsed import Period, as_period
-from . import _format
+from . import _format, _integrity, _items, _topology
 from ._in_place import restore_in_place
 from ._lazy import is_shapes
 
-__all__ = ["resume", "load_tasks", "put_back", "skip_consumed", "is_elastic", "iterated_by_index"]
+__all__ = ["resume", "put_back", "skip_consumed", "iterated_by_index"]
 
-_CANNOT_RESPLIT = (
-    "the checkpoint holds the dataset state of {saved} process(es), and this run has "
-    "{processes}: the iterator of {name} keeps a position of its own on each process, which "
-    "cannot be re-split over another number of processes (going on would replay or skip "
-    "data). Resume on {saved} process(es), or feed data whose position is global: a list or "
-    "other sequence of batches (resumed by index on any number of processes), or a Grain "
-    "pipeline through grain.experimental.ElasticIterator(dataset, global_batch_size, "
-    "grain.sharding.ShardByJaxProcess()) given to ciclo.stateful_dataset(...), whose global "
-    "position each process re-splits (docs/multihost.md)."
-)
-_STATES_DIFFER = (
-    "the checkpoint holds the dataset states of {saved} processes, and this run has "
-    "{processes}: {name} has a global (elastic) state, yet process {index} saved {other!r} "
-    "and process 0 {first!r}, so none of them is the run's position. Resume on {saved} "
-    "processes."
-)
-
-_SAME_TASKS_FIX = (
-    "Resume with the same tasks (schedules and callbacks, in the same order) as the "
-    "interrupted run."
-)
-_TASKS_DIFFER = (
-    "{where} was written by a loop with {saved} tasks; this loop has {count}.{which} "
-    + _SAME_TASKS_FIX
-)
-_CALLBACKS_ADDED = (
-    " This loop's stateful callbacks {added} are not in the checkpoint: a callback that "
-    "keeps state (a ciclo.goodput() ledger, early stopping, a logger) joins a run from "
-    "its start, or a new run."
-)
-_OTHER_KIND_OF_SCHEDULE = (
-    "cannot restore schedule {schedule!r} (task {task}) from {where}: the checkpoint holds the "
-    "state of another kind of schedule there ({saved}). " + _SAME_TASKS_FIX
-)
 _DATASET_NOT_STATEFUL = (
     "the checkpoint holds the dataset's state_dict(), but this dataset ({kind}) has no "
     "load_state_dict(): resume with the same kind of dataset as the interrupted run."
@@ -104,49 +50,6 @@ _SEEK_HINT = (
 )
 
 
-def load_tasks(
-    tasks: Sequence[tuple[Any, Sequence[Any]]], contents: _format.Contents, where: str
-) -> None:
-    """Loads the saved state of each schedule and stateful callback of ``tasks``.
-
-    Raises:
-        ValueError: ``tasks`` are not those of the run that wrote the checkpoint.
-    """
-    tasks = _format.checkpointed_tasks(tasks)
-    saved_schedules = contents.schedules
-    if len(saved_schedules) != len(tasks):
-        in_checkpoint = {name for name, _ in contents.callbacks}
-        names = [_format.callback_name(owner) for owner in _format.stateful_callbacks(tasks)]
-        added = [name for name in names if name not in in_checkpoint]
-        raise ValueError(
-            _TASKS_DIFFER.format(
-                where=where,
-                saved=len(saved_schedules),
-                count=len(tasks),
-                which=_CALLBACKS_ADDED.format(added=added) if added else "",
-            )
-        )
-    for i, ((schedule, _), saved) in enumerate(zip(tasks, saved_schedules, strict=True)):
-        try:
-            schedule.load_state_dict(saved)
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(
-                _OTHER_KIND_OF_SCHEDULE.format(
-                    schedule=schedule, task=i, where=where, saved=str(saved)[:80]
-                )
-            ) from error
-    owners = _format.stateful_callbacks(tasks)
-    names = [_format.callback_name(owner) for owner in owners]
-    saved_names = [name for name, _ in contents.callbacks]
-    if names != saved_names:
-        raise ValueError(
-            f"{where} holds the state of callbacks {saved_names}; this loop's stateful "
-            f"callbacks are {names}. {_SAME_TASKS_FIX}"
-        )
-    for owner, (_, state) in zip(owners, contents.callbacks, strict=True):
-        owner.load_state_dict(state)
-
-
 def skip_consumed(dataset: Any, position: int, state: Any) -> Iterable[Any]:
     """``dataset`` from its first batch not consumed (see the module docstring).
 
@@ -155,15 +58,15 @@ def skip_consumed(dataset: Any, position: int, state: Any) -> Iterable[Any]:
         [12, 13]
     """
     if state is not None:
-        if not _format.is_stateful_dataset(dataset):
+        if not _topology.is_stateful_dataset(dataset):
             raise TypeError(_DATASET_NOT_STATEFUL.format(kind=type(dataset).__name__))
-        if isinstance(state, _format.OtherTopology):
-            state = _resplit(dataset, state.states)
+        if isinstance(state, _topology.OtherTopology):
+            state = _topology.resplit(dataset, state.states)
         dataset.load_state_dict(state)
         return dataset  # type: ignore[no-any-return]
     if position <= 0:
         return dataset  # type: ignore[no-any-return]
-    if _format.is_sequence(dataset):
+    if _topology.is_sequence(dataset):
         return map(dataset.__getitem__, range(position, len(dataset)))
     if iterated_by_index(dataset):
         return _from_index(dataset, position)
@@ -188,46 +91,6 @@ def skip_consumed(dataset: Any, position: int, state: Any) -> Iterable[Any]:
                 f"batches the interrupted run had consumed: resume with the same dataset."
             ) from None
     return iterator
-
-
-def is_elastic(dataset: Any) -> bool:
-    """Whether ``dataset``'s ``state_dict()`` is a global position, the same on every
-    process, that each process re-splits by itself when it loads it, so that a checkpoint
-    resumes on any number of processes: ``dataset.elastic`` is ``True``
-    (``ciclo.stateful_dataset`` around Grain's ``ElasticIterator``).
-
-    Example:
-        >>> is_elastic([1, 2]), is_elastic(type("Global", (), {"elastic": True})())
-        (False, True)
-    """
-    return getattr(dataset, "elastic", False) is True
-
-
-def _resplit(dataset: Any, states: list[Any]) -> Any:
-    """The state ``dataset`` loads on this process out of ``states``, saved by another
-    number of processes.
-
-    Raises:
-        ValueError: the dataset's state is per process (not :func:`is_elastic`), or the
-            saved states differ.
-    """
-    name = type(dataset).__name__
-    saved, processes = len(states), jax.process_count()
-    if not is_elastic(dataset):
-        raise ValueError(_CANNOT_RESPLIT.format(saved=saved, processes=processes, name=name))
-    for index, other in enumerate(states[1:], start=1):
-        if other != states[0]:
-            raise ValueError(
-                _STATES_DIFFER.format(
-                    saved=saved,
-                    processes=processes,
-                    name=name,
-                    index=index,
-                    other=other,
-                    first=states[0],
-                )
-            )
-    return states[0]
 
 
 def iterated_by_index(dataset: Any) -> bool:
@@ -302,7 +165,7 @@ def resume(
         if ending is not None and ending["reason"] in STOPPED_ENDINGS and not resume_stopped:
             try:
                 return _finished(manager, path, newest, ending, loop_state, "resume_stopped=True")
-            except _format.DamagedCheckpoint:  # read_newest below passes it over, and says so
+            except _integrity.DamagedCheckpoint:  # read_newest below passes it over, and says so
                 ending = None
         contents = _format.read_newest(manager, path, loop_state.state)
     finally:
@@ -311,9 +174,9 @@ def resume(
     if ending is None or ending["reason"] in STOPPED_ENDINGS or contents.step != newest:
         return source
     period = as_period(stop, "stop")
-    if period is not None and period.reached_by(contents.elapsed):
+    if period is not None and period.reached_by(contents.fields["elapsed"]):
         return _finished(None, path, newest, ending, loop_state, "a larger stop", contents)
-    if _format.is_stateful_dataset(loop_state.inputs.dataset):
+    if _topology.is_stateful_dataset(loop_state.inputs.dataset):
         if period is None:  # its own position says nothing of what is left: finished
             return _finished(None, path, newest, ending, loop_state, "a stop", contents)
         return source
@@ -325,24 +188,16 @@ def resume(
     return itertools.chain([first], batches)
 
 
-def put_back(contents: _format.Contents, path: str, loop_state: LoopState) -> None:
-    """Puts ``contents`` into ``loop_state``: the state, counts, history, latest logs and
-    the state of its schedules and stateful callbacks (the dataset is the caller's)."""
-    where = f"checkpoint {contents.step} in {path!r}"
-    load_tasks(loop_state.inputs.tasks, contents, where)
-    _put_back_run(contents, loop_state)
-
-
-def _put_back_run(contents: _format.Contents, loop_state: LoopState) -> None:
-    """The state, counts, history and latest logs of ``contents`` into ``loop_state``."""
+def put_back(
+    contents: _format.Contents, path: str, loop_state: LoopState, *, tasks: bool = True
+) -> None:
+    """Puts ``contents`` into ``loop_state``: the state (in place where it can be), and the
+    checkpoint's items (:func:`._items.put_back`; those of the tasks only with ``tasks``).
+    The dataset is the caller's."""
+    _items.put_back(contents.fields, loop_state, _items.Where(path, contents.step), tasks=tasks)
     original = loop_state.state  # a lazy state's shapes: nothing to restore in place
     in_place = not is_shapes(original)
     loop_state.state = restore_in_place(original, contents.state) if in_place else contents.state
-    loop_state.elapsed = contents.elapsed
-    loop_state.initial_elapsed = contents.initial_elapsed
-    loop_state.skipped_batches = contents.data_skipped
-    loop_state.history.load_state_dict(contents.history)
-    loop_state.accumulated_logs = Logs(contents.logs)
 
 
 def _load(contents: _format.Contents, path: str, loop_state: LoopState) -> Iterable[Any]:
@@ -350,7 +205,8 @@ def _load(contents: _format.Contents, path: str, loop_state: LoopState) -> Itera
     batches."""
     put_back(contents, path, loop_state)
     loop_state.resumed = True
-    return skip_consumed(loop_state.inputs.dataset, contents.data_position, contents.data_state)
+    data = contents.fields["data"]
+    return skip_consumed(loop_state.inputs.dataset, data["position"], data["state"])
 
 
 def _finished(

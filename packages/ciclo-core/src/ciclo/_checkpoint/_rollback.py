@@ -1,20 +1,9 @@
-"""``ciclo.rollback_on_nan``: when the loss turns non-finite (or spikes), put the run back
-to its newest finite checkpoint from before the fault, skip the batches from there through
-the faulty one, and go on.
-
-It is composed around the engine, never inside a step: the callback reads the values the
-history has already fetched (no device sync of its own, so a fault is noticed a few steps
-late) and asks the loop to stop (``loop_state.request_stop``: with several processes at
-one agreed step). When the engine has returned, the loop calls its ``__loop_restart__``,
-which finds the first faulty row of the history, restores the checkpoint (state, counts,
-history, schedules and stateful callbacks, as a resume does), moves the dataset past the
-skipped batches, records the rollback in the history and hands the loop its batches, and
-the engine runs again.
-
-What makes a later resume exact: the checkpoints of the abandoned steps are set aside
-(:meth:`~ciclo.checkpoint.set_aside_after`), the rollback's row stays in the history,
-and ``loop_state.skipped_batches`` (saved in every checkpoint, ``data.skipped``) keeps the
-dataset's position: ``elapsed.steps - initial_elapsed.steps + skipped_batches``.
+"""``ciclo.rollback_on_nan``, the one home of a rollback: composed around the engine, it asks
+the loop to stop at a fault (one agreed step with several processes); the loop's restart hook
+(``__loop_restart__``) then puts the newest finite checkpoint back (as a resume does), sets
+aside the later checkpoints (:func:`_set_aside_after`), moves the dataset past the skipped
+batches and records the rollback in the history. A later resume is exact: the skipped
+batches are counted in every checkpoint (``data.skipped``, ``loop_state.skipped_batches``).
 """
 
 from __future__ import annotations
@@ -24,7 +13,7 @@ import os
 import sys
 import time as _time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
 
 import numpy as np
@@ -34,8 +23,8 @@ from .._loop._state import LoopState, StopKind
 from .._processes._agreement import gather_to_all
 from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records._logs import Logs
-from . import _format
-from ._callback import Checkpoint
+from . import _format, _integrity, _topology
+from ._callback import Checkpoint, check_monitor
 from ._resume import put_back, skip_consumed
 
 __all__ = ["RollbackOnNaN", "rollback_on_nan"]
@@ -59,11 +48,6 @@ MSG_ONE_SHOT = (
     "to a checkpoint's batch. Give a sequence of batches (a list, an array), a dataset "
     "that yields the same batches each time it is iterated, or a stateful one "
     "(ciclo.stateful_dataset, a loader with state_dict()/load_state_dict())."
-)
-MSG_MONITOR_MISSING = (
-    "rollback_on_nan: monitor {monitor!r} is not in the logs of step {step}; entries: "
-    "{entries}. Monitor a scalar the step logs (e.g. 'loss' or 'losses.loss'), and place "
-    "rollback_on_nan after the step that logs it."
 )
 MSG_NOTHING_BEFORE = (
     "rollback_on_nan: {fault} at step {step}, and no finite checkpoint in {directory!r} "
@@ -144,11 +128,7 @@ class RollbackOnNaN(LoopCallbackBase):
                 f"rollback_on_nan(checkpoint={checkpoint!r}): give the ciclo.checkpoint the "
                 f"loop writes (or its directory)."
             )
-        if not isinstance(monitor, str) or not monitor:
-            raise TypeError(
-                f"rollback_on_nan(monitor={monitor!r}): monitor must be the name of a log "
-                f"entry, e.g. 'loss' or 'losses.loss'."
-            )
+        check_monitor("rollback_on_nan", monitor)
         if spike is not None and (
             isinstance(spike, bool)
             or not isinstance(spike, int | float)
@@ -212,7 +192,7 @@ class RollbackOnNaN(LoopCallbackBase):
         scans this run's rows of the history from the first."""
         self._checkpoint_in(loop_state)
         dataset = loop_state.inputs.dataset
-        if not _format.is_stateful_dataset(dataset) and isinstance(dataset, Iterator):
+        if not _topology.is_stateful_dataset(dataset) and isinstance(dataset, Iterator):
             raise TypeError(MSG_ONE_SHOT.format(kind=type(dataset).__name__))
         self._loop, self._fault, self._next_look = loop_state, None, 0.0
         elapsed = loop_state.elapsed
@@ -234,24 +214,18 @@ class RollbackOnNaN(LoopCallbackBase):
     def _key_in(self, logs: Logs, loop_state: LoopState) -> str | None:
         """The ``collection.name`` of the monitor in ``logs`` (``None`` while the step has
         logged nothing yet)."""
-        entries = [(c, n) for c, n, _ in logs.entries()]
-        found = [f"{c}.{n}" for c, n in entries if self.monitor in (n, f"{c}.{n}")]
-        if len(found) == 1:
-            return found[0]
-        if found:
+        if not any(logs.values()):
+            return None
+        try:
+            logs.entry_value(self.monitor)
+        except KeyError as error:
+            step = loop_state.elapsed.steps
             raise KeyError(
-                f"rollback_on_nan: monitor {self.monitor!r} is ambiguous, it could be any of "
-                f"{found}. Give its full name."
-            )
-        if entries:
-            raise KeyError(
-                MSG_MONITOR_MISSING.format(
-                    monitor=self.monitor,
-                    step=loop_state.elapsed.steps,
-                    entries=sorted(f"{c}.{n}" for c, n in entries),
-                )
-            )
-        return None
+                f"rollback_on_nan(monitor={self.monitor!r}) at step {step}: {error.args[0]}"
+            ) from None
+        if "." in self.monitor:
+            return self.monitor
+        return next(f"{c}.{self.monitor}" for c, entries in logs.items() if self.monitor in entries)
 
     def _scan(self, loop_state: LoopState, *, fetch: bool) -> tuple[int, str] | None:
         """The first fault in the rows not scanned yet that the history holds on the host
@@ -310,15 +284,16 @@ class RollbackOnNaN(LoopCallbackBase):
         contents = self._read(loop_state, restored)
         # The data position of the faulty step's batch, counted before the state goes back.
         fault_position = step - loop_state.initial_elapsed.steps + loop_state.skipped_batches
-        checkpoint.set_aside_after(restored)
+        _set_aside_after(checkpoint, restored)
         put_back(contents, self.directory, loop_state)
-        skipped = fault_position + 1 - contents.data_position
-        loop_state.skipped_batches = contents.data_skipped + skipped
-        batches = _reposition(loop_state.inputs.dataset, contents, fault_position + 1)
+        data = contents.fields["data"]
+        skipped = fault_position + 1 - data["position"]
+        loop_state.skipped_batches = data["skipped"] + skipped
+        batches = _reposition(loop_state.inputs.dataset, data, fault_position + 1)
         row = Logs().add_metrics(
             rollbacks=count + 1,
             skipped_batches=skipped,
-            skipped_from=contents.data_position,
+            skipped_from=data["position"],
             fault_step=step,
         )
         loop_state.history.commit(loop_state.elapsed, row)
@@ -330,7 +305,7 @@ class RollbackOnNaN(LoopCallbackBase):
                 step=step,
                 restored=restored,
                 skipped=skipped,
-                first=contents.data_position,
+                first=data["position"],
                 count=count + 1,
                 most=self.max_rollbacks,
             )
@@ -352,8 +327,8 @@ class RollbackOnNaN(LoopCallbackBase):
         if manager is None:
             return -1
         try:
-            steps = _format.steps_on_disk(manager, self.directory)
-            finite = [s for s in steps if s <= step and _format.is_finite_step(manager, s)]
+            steps = _integrity.steps_on_disk(manager, self.directory)
+            finite = [s for s in steps if s <= step and _integrity.is_finite_step(manager, s)]
         finally:
             manager.close()
         return max(finite, default=-1)
@@ -381,17 +356,38 @@ rollback_on_nan = RollbackOnNaN
 """Another name of :class:`RollbackOnNaN` (the same class)."""
 
 
-def _reposition(dataset: Any, contents: _format.Contents, position: int) -> Iterable[Any]:
+def _reposition(dataset: Any, data: Mapping[str, Any], position: int) -> Iterable[Any]:
     """``dataset`` from batch ``position`` on, going back to the checkpoint's position
-    first (see :func:`._resume.skip_consumed`); a stateful dataset loads the checkpoint's
-    state and draws the skipped batches."""
-    source = skip_consumed(dataset, position, contents.data_state)
-    if contents.data_state is None:
+    (``data``) first (see :func:`._resume.skip_consumed`); a stateful dataset loads the
+    checkpoint's state and draws the skipped batches."""
+    source = skip_consumed(dataset, position, data["state"])
+    if data["state"] is None:
         return source
     iterator = iter(source)
-    for _ in range(position - contents.data_position):
+    for _ in range(position - data["position"]):
         try:
             next(iterator)
         except StopIteration:
             return ()  # the data ends among the skipped batches
     return iterator
+
+
+def _set_aside_after(checkpoint: Checkpoint, step: int) -> None:
+    """Puts the checkpoints of steps after ``step`` out of the way of the run (it went back
+    to checkpoint ``step``: they hold the abandoned steps): renamed ``<step>.rolled-back``
+    (kept, never deleted), or deleted on a URL, where nothing can be renamed. With several
+    processes every process calls it at the same step; process 0 renames."""
+    checkpoint.wait()
+    gather_to_all("checkpoint set aside: ready", step)  # no process reads them any more
+    if writes_here(OUTPUT_PROCESS):
+        from etils import epath  # type: ignore[import-untyped]
+
+        for path in epath.Path(checkpoint.directory).iterdir():
+            if not path.name.isdigit() or int(path.name) <= step:
+                continue
+            if "://" in checkpoint.directory:
+                path.rmtree()
+            else:
+                _integrity.set_aside(checkpoint.directory, int(path.name), "rolled-back")
+    gather_to_all("checkpoint set aside: done", step)  # the others wait for the renames
+    checkpoint.rewind(step)

@@ -19,7 +19,6 @@ import time as _time
 from collections.abc import Mapping
 from typing import Any
 
-from .._checkpoint._callback import Checkpoint
 from .._loop._base import LoopCallbackBase
 from .._loop._state import LoopState
 from .._processes._outputs import OUTPUT_PROCESS, writes_here
@@ -217,6 +216,8 @@ class Goodput(LoopCallbackBase):
         return line
 
     # --- a checkpoint holds the buckets ------------------------------------------------------
+    checkpoint_key = "ledger"  #: saved as the checkpoint's ``ledger`` item (``_checkpoint/_items``)
+
     def state_dict(self) -> dict[str, Any]:
         """The buckets now (seconds, with ``total`` and ``step``, the loop's steps): saved
         with a checkpoint, so that a resumed run's ledger continues from them."""
@@ -264,14 +265,19 @@ class Goodput(LoopCallbackBase):
                 print(self.summary_line(), file=sys.stderr, flush=True)
             return
         self._used, self._failed = True, False
-        directory = _checkpoint_directory(loop_state)
-        if directory is None or not writes_here(OUTPUT_PROCESS):
+
+    def checkpoint_at(self, directory: str, *, resumed: bool) -> None:
+        """Told by the loop's checkpoint where it writes (at its first save, or when it
+        was resumed from ``directory``): counts what a resume redid, and keeps the
+        heartbeat file there."""
+        if not writes_here(OUTPUT_PROCESS):
             return
         path = os.path.join(directory, HEARTBEAT_FILE)
-        if loop_state.resumed and self._loaded is not None:
+        if resumed and self._loaded is not None:
             self._base["lost"] += _redone(path, self._loaded)
             self._loaded = None
-        self._heartbeat = _Heartbeat(path, self)
+        if self._heartbeat is None:
+            self._heartbeat = _Heartbeat(path, self)
 
     def _phases_of_loop(self, phases: Phases | None) -> None:
         """Folds the time outside the loop's record into ``startup`` or ``callbacks`` when a
@@ -298,17 +304,6 @@ class Goodput(LoopCallbackBase):
 
 goodput = Goodput
 """Another name of :class:`Goodput` (the same class)."""
-
-
-def _checkpoint_directory(loop_state: LoopState) -> str | None:
-    """The directory of the loop's ``ciclo.checkpoint``, if it has one."""
-    for _, callbacks in loop_state.inputs.tasks:
-        for callback in callbacks:
-            fn = getattr(callback, "fn", callback)
-            for owner in (fn, getattr(fn, "__self__", None)):
-                if isinstance(owner, Checkpoint):
-                    return owner.directory
-    return None
 
 
 def _redone(path: str, loaded: Mapping[str, float]) -> float:
