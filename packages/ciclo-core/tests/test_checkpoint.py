@@ -319,9 +319,7 @@ def test_a_failed_background_save_is_raised_at_the_next_call(
         ciclo.every(1): lambda s, b, e: steps.append(e.steps),
         ciclo.every(2): ciclo.checkpoint(tmp_path),
     }
-    with pytest.raises(
-        RuntimeError, match=r"writing checkpoint 1 .* failed.*No space"
-    ):
+    with pytest.raises(RuntimeError, match=r"writing checkpoint 1 .* failed.*No space"):
         ciclo.loop(0, range(10), tasks)
     assert steps == [0, 1, 2]  # raised by the checkpoint's next call, at step 2
 
