@@ -171,7 +171,8 @@ def test_by_hand_calls_keep_their_values_for_the_mean():
         bar(elapsed[0], ciclo.logs().add_loss("loss", jnp.float32(value)))
     assert line_values(out.getvalue().splitlines()[-1])["loss"] == pytest.approx(np.mean(values))
     attributes = set(vars(bar))
-    bar(ciclo.Elapsed.create(steps=6), ciclo.logs().add_loss("loss", jnp.float32(1.0)))
+    with pytest.warns(UserWarning, match="runs past the bar's total"):  # a 7th step
+        bar(ciclo.Elapsed.create(steps=6), ciclo.logs().add_loss("loss", jnp.float32(1.0)))
     assert set(vars(bar)) == attributes  # ciclo keeps its by-hand loop elsewhere
 
 
