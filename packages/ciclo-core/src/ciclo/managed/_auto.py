@@ -1,0 +1,123 @@
+"""``steps_per_call="auto"``: the loop picks how many steps of a managed step it fuses.
+
+A :class:`AutoFusion` per step and strategy measures, while the loop runs, the time per
+step and the share of it the host spends dispatching the step. While dispatch takes at
+more than :data:`DISPATCH_SHARE` of the time, it doubles K (1, 2, 4, ... :data:`MAX_STEPS`) and
+keeps the larger K only if a step got at least ``1 - GAIN`` faster; once dispatch no longer
+dominates, or a doubling did not pay, K stays. A large step's dispatch is a small share
+from the first measurement, so it keeps K = 1 and never compiles a fused call. Groups cut
+short by a schedule run as calls of powers of 2 (:func:`power_of_2_parts`), so at most
+``log2(MAX_STEPS) + 1`` fused programs are compiled.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+__all__ = ["AutoFusion", "MAX_STEPS", "power_of_2_parts"]
+
+#: The largest K auto-fusion uses.
+MAX_STEPS = 64
+#: Fusing pays while dispatching takes more than this share of the loop's time (doubling K
+#: then saves about half of it: at least 10%, :data:`GAIN`).
+DISPATCH_SHARE = 0.2
+#: A doubled K is kept when a step takes at most this fraction of its time before.
+GAIN = 0.9
+#: A measurement spans at least this many seconds and :data:`WINDOW_CALLS` calls; each
+#: decision takes the median of :data:`WINDOWS` of them (a compile or a busy moment in one
+#: does not decide).
+WINDOW_SECONDS = 0.02
+WINDOW_CALLS = 4
+WINDOWS = 3
+
+
+def power_of_2_parts(count: int) -> list[int]:
+    """``count`` as decreasing powers of 2 (the calls a cut group runs as).
+
+    Example:
+        >>> power_of_2_parts(13)
+        [8, 4, 1]
+    """
+    return [1 << bit for bit in range(count.bit_length() - 1, -1, -1) if count >> bit & 1]
+
+
+class AutoFusion:
+    """The K of one managed step under one ``steps_per_call="auto"`` strategy.
+
+    :meth:`steps` is the loop's ``__loop_steps_per_call__``; :meth:`timed` wraps each call of
+    the step, so the controller knows how long the host took to dispatch it.
+
+    Example:
+        >>> auto = AutoFusion()
+        >>> auto.k, auto.settled
+        (1, False)
+    """
+
+    __slots__ = (
+        "dispatch",
+        "k",
+        "loop",
+        "previous",
+        "settled",
+        "skip",
+        "start",
+        "start_steps",
+        "windows",
+    )
+
+    def __init__(self) -> None:
+        self.k = 1
+        self.settled = False
+        self.previous = float("inf")  # seconds per step at k // 2
+        self.loop = 0  # id() of the loop whose steps are being measured
+        self.skip = 0  # groups to let pass before measuring (the first compiles)
+        self.start = 0.0
+        self.start_steps = 0
+        self.dispatch = 0.0  # seconds spent in the step's calls since start
+        self.windows: list[tuple[float, float]] = []  # (seconds per step, dispatch share)
+
+    def steps(self, loop_state: Any) -> int:
+        """K for the group starting at this step: the loop asks it at each group's start
+        (and once before its first batch, when the answer says only whether it may fuse)."""
+        if loop_state.batch is None:
+            return MAX_STEPS
+        if self.settled:
+            return self.k
+        now, steps = time.perf_counter(), loop_state.elapsed.steps
+        if id(loop_state) != self.loop:  # a new loop: its first step may compile
+            self.loop, self.skip = id(loop_state), 2
+        if self.skip:  # the measurement starts once the groups before it ran
+            self.skip -= 1
+            self.start, self.start_steps, self.dispatch = now, steps, 0.0
+            return self.k
+        span, count = now - self.start, steps - self.start_steps
+        if span < WINDOW_SECONDS or count < WINDOW_CALLS * self.k:
+            return self.k
+        self.windows.append((span / count, self.dispatch / span))
+        self.start, self.start_steps, self.dispatch = now, steps, 0.0
+        if len(self.windows) == WINDOWS:
+            per_step = sorted(w[0] for w in self.windows)[WINDOWS // 2]
+            share = sorted(w[1] for w in self.windows)[WINDOWS // 2]
+            self.windows = []
+            self._decide(per_step, share)
+        return self.k
+
+    def _decide(self, per_step: float, share: float) -> None:
+        if per_step > GAIN * self.previous:  # the doubling did not pay: back, and stay
+            self.k //= 2
+            self.settled = True
+        elif share <= DISPATCH_SHARE or self.k >= MAX_STEPS:
+            self.settled = True
+        else:
+            self.previous = per_step
+            self.k *= 2
+            self.skip = 2  # the first group of the new K compiles it
+
+    def timed(self, call: Any, *args: Any) -> Any:
+        """``call(*args)``, its duration counted as dispatch."""
+        start = time.perf_counter()
+        try:
+            return call(*args)
+        finally:
+            self.dispatch += time.perf_counter() - start
