@@ -12,12 +12,11 @@ from types import SimpleNamespace
 import pytest
 
 import ciclo
-from ciclo.managed import _auto
+from ciclo.managed import _auto, _step
 
 sys.path.insert(0, str(Path(__file__).parent))
 import auto_fusion_training as training
 from test_managed import (
-    Spy,
     assert_same_history,
     assert_trees_close,
     make_batches,
@@ -90,13 +89,38 @@ def test_a_large_step_keeps_k_1(monkeypatch):
     assert auto.settled
 
 
-def test_a_doubling_that_does_not_pay_is_undone(monkeypatch):
-    # Dispatch dominates, but steps get no faster past K = 4.
+def test_doublings_that_do_not_pay_are_undone(monkeypatch):
+    # Dispatch dominates, but steps get no faster past K = 4: 8 and 16 are tried (at 16,
+    # dispatch is 15% of the time), 4 kept.
     chosen, auto = drive(monkeypatch, lambda k: 100e-6 / min(k, 4), lambda k: 60e-6)
     assert auto.k == 4
     assert auto.settled
-    assert max(chosen) == 8
+    assert max(chosen) == 16
     assert chosen[-1] == 4
+
+
+def test_a_doubling_that_costs_is_passed_when_the_next_pays(monkeypatch):
+    # A fused call's own cost makes K = 2 slower than K = 1; K = 4 and on are faster.
+    def per_step(k):
+        return 50e-6 if k == 1 else (150e-6 + 5e-6 * k) / k
+
+    chosen, auto = drive(monkeypatch, per_step, lambda k: 40e-6 if k == 1 else 140e-6)
+    assert 2 in chosen
+    assert auto.k == _auto.MAX_STEPS
+
+
+class Spy:
+    """The fused calls a loop makes under auto-fusion: their sizes, in order."""
+
+    def __init__(self, monkeypatch):
+        self.groups = []
+        parts = _step.power_of_2_parts
+
+        def spy(count):
+            self.groups.extend(parts(count))
+            return parts(count)
+
+        monkeypatch.setattr(_step, "power_of_2_parts", spy)
 
 
 @pytest.fixture

@@ -1,13 +1,13 @@
 """``steps_per_call="auto"``: the loop picks how many steps of a managed step it fuses.
 
 A :class:`AutoFusion` per step and strategy measures, while the loop runs, the time per
-step and the share of it the host spends dispatching the step. While dispatch takes at
-more than :data:`DISPATCH_SHARE` of the time, it doubles K (1, 2, 4, ... :data:`MAX_STEPS`) and
-keeps the larger K only if a step got at least ``1 - GAIN`` faster; once dispatch no longer
-dominates, or a doubling did not pay, K stays. A large step's dispatch is a small share
-from the first measurement, so it keeps K = 1 and never compiles a fused call. Groups cut
-short by a schedule run as calls of powers of 2 (:func:`power_of_2_parts`), so at most
-``log2(MAX_STEPS) + 1`` fused programs are compiled.
+step and the share of it the host spends dispatching the step. While dispatch takes more
+than :data:`DISPATCH_SHARE` of the time, it doubles K (1, 2, 4, ... :data:`MAX_STEPS`); once
+dispatch no longer dominates, or :data:`MISSES` doublings in a row did not make a step at
+least ``1 - GAIN`` faster than the fastest K so far, it keeps that fastest K. A large step's
+dispatch is a small share from the first measurement, so it keeps K = 1 and never compiles
+a fused call. Groups cut short by a schedule run as calls of powers of 2
+(:func:`power_of_2_parts`), so at most ``log2(MAX_STEPS) + 1`` fused programs are compiled.
 """
 
 from __future__ import annotations
@@ -24,9 +24,12 @@ MAX_STEPS = 64
 DISPATCH_SHARE = 0.2
 #: A doubled K is kept when a step takes at most this fraction of its time before.
 GAIN = 0.9
+#: Doublings in a row that may fail to pay before the fastest K is kept (a fused call
+#: costs more than a plain one, so K = 2 can be slower than 1 where 8 is faster).
+MISSES = 3
 #: A measurement spans at least this many seconds and :data:`WINDOW_CALLS` calls; each
-#: decision takes the median of :data:`WINDOWS` of them (a compile or a busy moment in one
-#: does not decide).
+#: decision takes the fastest of :data:`WINDOWS` of them (a compile or a busy moment only
+#: ever slows a window down, so it does not decide).
 WINDOW_SECONDS = 0.02
 WINDOW_CALLS = 4
 WINDOWS = 3
@@ -55,10 +58,12 @@ class AutoFusion:
     """
 
     __slots__ = (
+        "best",
+        "best_k",
         "dispatch",
         "k",
         "loop",
-        "previous",
+        "misses",
         "settled",
         "skip",
         "start",
@@ -69,7 +74,8 @@ class AutoFusion:
     def __init__(self) -> None:
         self.k = 1
         self.settled = False
-        self.previous = float("inf")  # seconds per step at k // 2
+        self.best, self.best_k = float("inf"), 1  # the fastest seconds per step, and its K
+        self.misses = 0  # doublings since the best that did not pay
         self.loop = 0  # id() of the loop whose steps are being measured
         self.skip = 0  # groups to let pass before measuring (the first compiles)
         self.start = 0.0
@@ -97,20 +103,19 @@ class AutoFusion:
         self.windows.append((span / count, self.dispatch / span))
         self.start, self.start_steps, self.dispatch = now, steps, 0.0
         if len(self.windows) == WINDOWS:
-            per_step = sorted(w[0] for w in self.windows)[WINDOWS // 2]
-            share = sorted(w[1] for w in self.windows)[WINDOWS // 2]
+            per_step, share = min(self.windows)
             self.windows = []
             self._decide(per_step, share)
         return self.k
 
     def _decide(self, per_step: float, share: float) -> None:
-        if per_step > GAIN * self.previous:  # the doubling did not pay: back, and stay
-            self.k //= 2
-            self.settled = True
-        elif share <= DISPATCH_SHARE or self.k >= MAX_STEPS:
-            self.settled = True
+        if per_step < GAIN * self.best:
+            self.best, self.best_k, self.misses = per_step, self.k, 0
         else:
-            self.previous = per_step
+            self.misses += 1
+        if share <= DISPATCH_SHARE or self.k >= MAX_STEPS or self.misses == MISSES:
+            self.k, self.settled = self.best_k, True
+        else:
             self.k *= 2
             self.skip = 2  # the first group of the new K compiles it
 

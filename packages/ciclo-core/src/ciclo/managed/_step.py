@@ -305,17 +305,21 @@ class ManagedStep:
         return auto.timed(self._many_in_parts, loop_state.state, batches)  # type: ignore[no-any-return]
 
     def _many_in_parts(self, state: Any, batches: Sequence[Any]) -> tuple[Logs, Any]:
-        """:meth:`many` as calls of powers of 2 (a group a schedule cut short), their logs
-        joined: so auto-fusion compiles a fused call for few sizes."""
-        parts = power_of_2_parts(len(batches))
-        if len(parts) == 1:
-            return self.many(state, batches)
+        """:meth:`many` for a loop's group (whose batches have one shape), as calls of
+        powers of 2 (a group a schedule cut short) whose logs are joined: so auto-fusion
+        compiles a fused call for few sizes."""
+        strategy = self._strategy_of(state)
+        run = self.compiled_for(strategy, fused=True, statics=self.statics)
+        place, broadcasts = strategy.place_batch, strategy.place_broadcasts(self.broadcasts)
         stacked, start = [], 0
-        for size in parts:
-            logs, state = self.many(state, batches[start : start + size])
+        for size in power_of_2_parts(len(batches)):
+            part = batches[start : start + size]
+            logs, state = run(
+                state, tuple(part) if place is identity else tuple(map(place, part)), broadcasts
+            )
             stacked.append(logs)
             start += size
-        return _join_rows(stacked), state
+        return (stacked[0] if len(stacked) == 1 else _join_rows(stacked)), state
 
     def __set_name__(self, owner: type, name: str) -> None:
         if self._defined_in is None:
