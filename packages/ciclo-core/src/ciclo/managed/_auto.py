@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import jax
+
 __all__ = ["AutoFusion", "MAX_STEPS", "power_of_2_parts"]
 
 #: The largest K auto-fusion uses.
@@ -33,6 +35,17 @@ MISSES = 3
 WINDOW_SECONDS = 0.02
 WINDOW_CALLS = 4
 WINDOWS = 3
+
+
+#: Seconds JAX spent tracing and compiling in this process, counted once a controller exists:
+#: a window's time leaves them out (a new K, a history's new stack shape compile once).
+_compiling = [0.0]
+_listening: list[bool] = []
+
+
+def _count_compiles(event: str, duration_secs: float, **_: str | int) -> None:
+    if event.startswith("/jax/core/compile/"):
+        _compiling[0] += duration_secs
 
 
 def power_of_2_parts(count: int) -> list[int]:
@@ -60,6 +73,7 @@ class AutoFusion:
     __slots__ = (
         "best",
         "best_k",
+        "compiled",
         "dispatch",
         "k",
         "loop",
@@ -72,6 +86,9 @@ class AutoFusion:
     )
 
     def __init__(self) -> None:
+        if not _listening:
+            jax.monitoring.register_event_duration_secs_listener(_count_compiles)
+            _listening.append(True)
         self.k = 1
         self.settled = False
         self.best, self.best_k = float("inf"), 1  # the fastest seconds per step, and its K
@@ -81,6 +98,7 @@ class AutoFusion:
         self.start = 0.0
         self.start_steps = 0
         self.dispatch = 0.0  # seconds spent in the step's calls since start
+        self.compiled = 0.0  # _compiling[0] at start
         self.windows: list[tuple[float, float]] = []  # (seconds per step, dispatch share)
 
     def steps(self, loop_state: Any) -> int:
@@ -96,12 +114,14 @@ class AutoFusion:
         if self.skip:  # the measurement starts once the groups before it ran
             self.skip -= 1
             self.start, self.start_steps, self.dispatch = now, steps, 0.0
+            self.compiled = _compiling[0]
             return self.k
-        span, count = now - self.start, steps - self.start_steps
+        span, count = now - self.start - (_compiling[0] - self.compiled), steps - self.start_steps
         if span < WINDOW_SECONDS or count < WINDOW_CALLS * self.k:
             return self.k
         self.windows.append((span / count, self.dispatch / span))
         self.start, self.start_steps, self.dispatch = now, steps, 0.0
+        self.compiled = _compiling[0]
         if len(self.windows) == WINDOWS:
             per_step, share = min(self.windows)
             self.windows = []
@@ -120,9 +140,9 @@ class AutoFusion:
             self.skip = 2  # the first group of the new K compiles it
 
     def timed(self, call: Any, *args: Any) -> Any:
-        """``call(*args)``, its duration counted as dispatch."""
-        start = time.perf_counter()
+        """``call(*args)``, its duration counted as dispatch (compiling left out)."""
+        start, compiled = time.perf_counter(), _compiling[0]
         try:
             return call(*args)
         finally:
-            self.dispatch += time.perf_counter() - start
+            self.dispatch += time.perf_counter() - start - (_compiling[0] - compiled)
