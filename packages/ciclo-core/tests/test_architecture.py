@@ -274,3 +274,60 @@ def test_module_imports_have_no_cycle():
     """Every import counts, deferred ones too, but for those DEFERRED lists."""
     cycle = _cycle(_module_graph(skip_listed=True))
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+#: Calls whose result a module may hold at its top level and others use: not mutable state.
+_IMMUTABLE_CALLS = {"frozenset", "tuple", "object", "compile", "TypeVar", "ParamSpec", "NewType"}
+#: Methods that only read: any other method called on a module's state may change it.
+_READERS = {"get", "items", "keys", "values", "copy", "count", "index", "format"}
+
+
+def _module_state(path: Path) -> set[str]:
+    """The names a module binds at its top level to a value that can change: a list, dict
+    or set, or an object made by a call (``PHASES = Phases()``)."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", 0)]
+        if isinstance(value, ast.Call):
+            called = value.func.attr if isinstance(value.func, ast.Attribute) else value.func
+            mutable = getattr(called, "id", called) not in _IMMUTABLE_CALLS
+        else:
+            mutable = isinstance(value, ast.List | ast.Dict | ast.Set | ast.ListComp | ast.DictComp)
+        found |= {t.id for t in targets if mutable and isinstance(t, ast.Name)}
+    return found
+
+
+def _writes(tree: ast.AST, names: set[str]) -> set[str]:
+    """Which of ``names`` the code changes: assigns to (or deletes) an attribute or item
+    of, changes in place, or calls a method of (which may change it)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute | ast.Subscript) and not isinstance(node.ctx, ast.Load):
+            base = node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            base = None if node.func.attr in _READERS else node.func.value
+        else:
+            continue
+        while isinstance(base, ast.Attribute | ast.Subscript):
+            base = base.value
+        if isinstance(base, ast.Name) and base.id in names:
+            found.add(base.id)
+    return found
+
+
+def test_no_module_level_state_is_written_from_another_module():
+    """A module's top-level mutable state (a record, a registry, a cache) is changed by that
+    module alone, through its functions: other modules import it only to read it. (Its
+    functions and classes may be called anywhere; an object a loop owns is passed, not
+    imported.)"""
+    state = {name: _module_state(path) for name, path in MODULES.items()}
+    written = []
+    for name, path in MODULES.items():
+        imported: dict[str, str] = {}
+        for module, names, _, _ in _imports(name, path):
+            imported |= {n: module for n in names if n in state.get(module, ())}
+        imported = {n: m for n, m in imported.items() if m != name}
+        for changed in sorted(_writes(ast.parse(path.read_text()), set(imported))):
+            written.append(f"{name} changes {imported[changed]}.{changed}")
+    assert not written, written

@@ -250,8 +250,8 @@ def test_a_preempted_run_says_it_is_saved_and_resumes_not_that_it_restores(tmp_p
         "early_stopping: stopped by SIGTERM; inner_loop('test') at step 4 ended at its next "
         "batch and is not recorded; a resumed run evaluates again at this step "
         f"(checkpoint 5 saved in {checkpoint.directory}). "
-        "The run is interrupted, not finished: it keeps its current state, saved to resume "
-        "from (the same command with resume= continues it); the best state so far, of step 1 "
-        "(loss_test = 1), is restored when training ends.\n"
+        "The run is interrupted, not finished: it keeps its current state (resume= "
+        "continues it from a checkpoint); the best state so far, of step 1 (loss_test = 1), "
+        "is restored when training ends.\n"
     )
     assert ciclo.restore(checkpoint, 0).state == 5  # the current state, not the best (2)

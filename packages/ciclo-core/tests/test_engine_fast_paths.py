@@ -10,10 +10,11 @@ import pytest
 import ciclo
 from ciclo._loop._hooks import (
     as_stateful,
-    end_hook_owners,
+    hook_owners,
     is_fusable,
     is_observer,
     is_stateful,
+    is_transient,
 )
 from ciclo._loop._returns import as_logs
 from ciclo._time._elapsed import default_batch_size
@@ -116,7 +117,11 @@ def test_hook_probes() -> None:
     assert is_observer(bar)
     assert not is_observer(run.step)
     assert not is_fusable(run.step)
-    assert end_hook_owners([run.step, bar, run]) == [run]
+    assert hook_owners([run.step, bar, run], "__loop_end__") == [run]
+    assert hook_owners([run.step, bar], "__loop_restart__") == []
+    dog = ciclo.watchdog()
+    assert is_transient(dog)
+    assert not is_transient(run.step)
     assert is_stateful(ciclo.every(3))
     schedule = ciclo.every(3)
     assert as_stateful(schedule) is schedule

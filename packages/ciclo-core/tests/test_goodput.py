@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import ciclo
-from ciclo._time._phases import PHASES
+from ciclo._time._phases import Phases
 from ciclo.testing import free_port, run_on_loopback
 
 WORKER = Path(__file__).with_name("long_run_worker.py")
@@ -130,19 +130,24 @@ def test_the_summary_line_is_printed_when_asked(capsys):
     assert "lost 0.0 s" in line
 
 
-def test_an_inner_loop_does_not_take_the_record_and_the_record_is_off_without_a_ledger():
-    ciclo.loop(0, [np.ones(1)] * 3, {ciclo.every(1): lambda s, b: s})
-    assert not PHASES.held
+def test_the_loop_owns_its_record_of_phases_and_has_none_without_a_ledger():
     seen = []
+    record = lambda s, b, e, loop_state: seen.append(loop_state.phases)  # noqa: E731
+    ciclo.loop(0, [np.ones(1)] * 2, {ciclo.every(1): record})
+    assert seen == [None, None]
 
-    def inner(state):
-        seen.append(PHASES.held)
-        return ciclo.loop(state, [np.ones(1)], {ciclo.every(1): lambda s, b: s})
+    def inner(state):  # a loop inside a callback, without a ledger: no record of its own
+        return ciclo.loop(state, [np.ones(1)], {ciclo.every(1): record})
 
+    seen.clear()
     ledger = ciclo.goodput(since="now")
-    ciclo.loop(0, [np.ones(1)] * 2, {ciclo.every(1): ciclo.inner_loop("x", inner), **ledger})
-    assert seen == [True, True]
-    assert not PHASES.held
+    tasks = {ciclo.every(1): [record, ciclo.inner_loop("x", inner)], **ledger}
+    ciclo.loop(0, [np.ones(1)] * 2, tasks)
+    outer = seen[0]
+    assert isinstance(outer, Phases)
+    assert seen == [outer, None, outer, None]
+    assert outer.current()[0] == "callbacks"  # the loop is over
+    assert ledger.report()["evaluation"] > 0  # the inner loops, marked on the outer record
 
 
 def test_the_ledger_is_saved_with_checkpoints_and_continues_after_a_resume(tmp_path):

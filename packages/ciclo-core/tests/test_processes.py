@@ -71,9 +71,11 @@ def test_a_requested_stop_is_only_a_request_until_agreed():
     assert not loop_state.stop_iteration  # the engine carries on to the agreement
     assert loop_state.stop_reason is None
     assert (decisions.requested, decisions.requested_reason) == (True, "early stop")
-    loop_state.apply_stop("early stop (on process 1)")
+    assert decisions.requested_kind is ciclo.StopKind.CALLBACK
+    loop_state.apply_stop("early stop (on process 1)", ciclo.StopKind.CALLBACK)
     assert loop_state.stop_iteration
     assert loop_state.stop_reason == "early stop (on process 1)"
+    assert loop_state.stop_kind is ciclo.StopKind.CALLBACK
 
 
 def test_a_stop_decided_alike_everywhere_is_not_exchanged():

@@ -170,6 +170,9 @@ def test_by_hand_calls_keep_their_values_for_the_mean():
     for elapsed, value in zip(ciclo.elapse(range(6)), values, strict=True):
         bar(elapsed[0], ciclo.logs().add_loss("loss", jnp.float32(value)))
     assert line_values(out.getvalue().splitlines()[-1])["loss"] == pytest.approx(np.mean(values))
+    attributes = set(vars(bar))
+    bar(ciclo.Elapsed.create(steps=6), ciclo.logs().add_loss("loss", jnp.float32(1.0)))
+    assert set(vars(bar)) == attributes  # ciclo keeps its by-hand loop elsewhere
 
 
 def test_no_fetch_per_step(count_fetches):

@@ -22,6 +22,7 @@ from ._loop._callback import Callback as Callback
 from ._loop._callback import inject as inject
 from ._loop._hooks import LoopCallback as LoopCallback
 from ._loop._state import LoopState as LoopState
+from ._loop._state import StopKind as StopKind
 from ._loops._evaluate_checkpoints import evaluate_checkpoints as evaluate_checkpoints
 from ._loops._loop import loop as loop
 from ._loops._named import on_epoch_begin as on_epoch_begin

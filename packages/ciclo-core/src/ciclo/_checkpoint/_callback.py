@@ -237,7 +237,9 @@ class Checkpoint(LoopCallbackBase):
         keep the final state from being saved (then only a warning says it failed). After
         an error, only waits. Ends the compilation cache this checkpoint set."""
         release_compilation_cache(self.compilation_cache)
-        with marked(CHECKPOINT):  # the blocking time, for the ledger and the watchdog
+        with marked(
+            loop_state.phases, CHECKPOINT
+        ):  # the blocking time, for the ledger and the watchdog
             self._end(loop_state, error)
 
     def _end(self, loop_state: LoopState, error: BaseException | None) -> None:
@@ -288,7 +290,9 @@ class Checkpoint(LoopCallbackBase):
 
     # --- saving -------------------------------------------------------------------------------
     def _save_at_step_end(self, loop_state: LoopState) -> None:
-        with marked(CHECKPOINT):  # the blocking time, for the ledger and the watchdog
+        with marked(
+            loop_state.phases, CHECKPOINT
+        ):  # the blocking time, for the ledger and the watchdog
             self._save(loop_state, monitored=self.monitor is not None)
 
     def _open(self) -> Any:

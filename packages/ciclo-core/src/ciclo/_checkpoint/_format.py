@@ -86,7 +86,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._loop._hooks import is_stateful
+from .._loop._hooks import is_stateful, is_transient
 from .._loop._state import LoopState
 from .._processes._agreement import gather_to_all
 from .._records import _host
@@ -680,8 +680,7 @@ def checkpointed_tasks(
     return [
         (schedule, callbacks)
         for schedule, callbacks in tasks
-        if not callbacks
-        or not all(getattr(getattr(c, "fn", c), "__loop_transient__", False) for c in callbacks)
+        if not callbacks or not all(is_transient(getattr(c, "fn", c)) for c in callbacks)
     ]
 
 

@@ -30,7 +30,7 @@ from typing import IO, Any
 import numpy as np
 
 from .._loop._base import LoopCallbackBase
-from .._loop._state import ROLLING_BACK, LoopState
+from .._loop._state import LoopState, StopKind
 from .._processes._agreement import gather_to_all
 from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records._logs import Logs
@@ -198,7 +198,9 @@ class RollbackOnNaN(LoopCallbackBase):
         self._fault = self._scan(loop_state, fetch=False)
         if self._fault is not None:
             step, what = self._fault
-            loop_state.request_stop(f"{ROLLING_BACK}: {what} at step {step}")
+            loop_state.request_stop(
+                f"rollback_on_nan: rolling back: {what} at step {step}", kind=StopKind.ROLLBACK
+            )
 
     def on_train_batch_end(
         self, state: Any, batch: Any, elapsed: Any, loop_state: LoopState
@@ -284,8 +286,7 @@ class RollbackOnNaN(LoopCallbackBase):
         not noticed yet (every process, at the same step); returns the batches to run from
         the checkpoint on, or ``None`` when the loop ends (no fault; after
         ``max_rollbacks``; no checkpoint to go back to)."""
-        reason = loop_state.stop_reason
-        if loop_state.stop_iteration and not (reason or "").startswith(ROLLING_BACK):
+        if loop_state.stop_iteration and loop_state.stop_kind is not StopKind.ROLLBACK:
             return None  # another callback's stop: the run ends as it asked
         if self._loop is not loop_state or self._key is None:
             return None  # it never ran in this loop, or the monitor was never logged
@@ -366,7 +367,9 @@ class RollbackOnNaN(LoopCallbackBase):
 
     def _stop(self, loop_state: LoopState, message: str, **fields: Any) -> None:
         text = message.format(directory=self.directory, most=self.max_rollbacks, **fields)
-        loop_state.apply_stop(text)  # the loop stopped already, at the same step everywhere
+        loop_state.apply_stop(
+            text, StopKind.NAN
+        )  # the loop stopped already, at the same step everywhere
         self._say(text)
 
     def _say(self, text: str) -> None:

@@ -40,8 +40,8 @@ from typing import Any
 
 from .._processes._agreement import Agreement, preemption_reached, preemption_service_on
 from .._time._elapsed import Elapsed, elapse
-from .._time._phases import FIRST_STEP, PHASES
-from ._state import LoopState
+from .._time._phases import FIRST_STEP
+from ._state import LoopState, StopKind
 
 __all__ = ["AgreedDecisions", "ROUND_SECONDS", "MAX_ROUND_STEPS"]
 
@@ -83,6 +83,7 @@ class AgreedDecisions:
         self.count = agreement.count
         self.requested = False
         self.requested_reason: str | None = None
+        self.requested_kind = StopKind.CALLBACK
         self.preemption = preemption_service_on()
         self.round = 0
         self.first_round = 0  # the round read without a round before it (waits for all)
@@ -120,8 +121,8 @@ class AgreedDecisions:
         self.attach(steps)
 
     # --- what the loop state asks (StopArbiter) ----------------------------------------------
-    def request(self, reason: str | None) -> None:
-        self.requested = True
+    def request(self, reason: str | None, kind: StopKind) -> None:
+        self.requested, self.requested_kind = True, kind
         if reason is not None:
             self.requested_reason = reason
 
@@ -140,7 +141,9 @@ class AgreedDecisions:
             self._round(steps, step)
         if self.preemption and preemption_reached(step):
             self._stop_everywhere(
-                f"stopped by a preemption notice (SIGTERM) at step {step}", "SIGTERM"
+                f"stopped by a preemption notice (SIGTERM) at step {step}",
+                StopKind.INTERRUPTED,
+                "SIGTERM",
             )
         steps.pause_before(step + 1 if self.preemption else self.next_round, self._before_batch)
 
@@ -153,13 +156,15 @@ class AgreedDecisions:
             "samples": self.local_samples,
             "stop": self.requested,
             "reason": self.requested_reason,
+            "kind": str(self.requested_kind),
             "signal": self.received[0].name if self.received else None,
             "ended": ended,
         }
         if self.agreement.process == 0:
             record["every"] = self._proposed_every(step, now)
-        if PHASES.held:  # a ledger watches: each process's seconds in steps (stragglers)
-            record["step_seconds"] = PHASES.stepped + PHASES.seconds[FIRST_STEP]
+        phases = self.loop_state.phases
+        if phases is not None:  # a ledger watches: each process's seconds in steps (stragglers)
+            record["step_seconds"] = phases.stepped + phases.seconds[FIRST_STEP]
         return record
 
     def _proposed_every(self, step: int, now: float) -> int:
@@ -180,8 +185,10 @@ class AgreedDecisions:
         # read the round before, published a round ago.
         previous = number if number == self.first_round else number - 1
         records = self.agreement.read(previous, what=f"step {step}")
-        if PHASES.held:
-            PHASES.peers = [float(record.get("step_seconds", 0.0)) for record in records]
+        if self.loop_state.phases is not None:
+            self.loop_state.phases.peers = [
+                float(record.get("step_seconds", 0.0)) for record in records
+            ]
         self.round_every = int(records[0]["every"])
         self.next_round = step + self.round_every
         self._apply(steps, records, step)
@@ -201,10 +208,11 @@ class AgreedDecisions:
             if reason is not None and len(requests) < len(records):
                 reason = f"{reason} (on process {requests[0]})"
             signals = [record["signal"] for record in records if record["signal"]]
-            self._stop_everywhere(reason, signals[0] if signals else None)
+            kind = StopKind(records[requests[0]]["kind"])
+            self._stop_everywhere(reason, kind, signals[0] if signals else None)
 
-    def _stop_everywhere(self, reason: str | None, signal_name: str | None) -> None:
-        self.loop_state.apply_stop(reason)
+    def _stop_everywhere(self, reason: str | None, kind: StopKind, signal_name: str | None) -> None:
+        self.loop_state.apply_stop(reason, kind)
         if signal_name is not None:
             self.received[:] = [signal.Signals[signal_name]]
         raise StopIteration
@@ -225,7 +233,8 @@ class AgreedDecisions:
             signals = [r["signal"] for r in records if r["signal"]]
             if signals:
                 self.received[:] = [signal.Signals[signals[0]]]
-            self.loop_state.apply_stop(records[requests[0]]["reason"])
+            first = records[requests[0]]
+            self.loop_state.apply_stop(first["reason"], StopKind(first["kind"]))
 
     def _raise_lengths_differ(self, ends: list[int | None]) -> None:
         if number_of_values(ends) <= 1:

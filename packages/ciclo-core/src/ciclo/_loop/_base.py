@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from .._time._schedules import always
-from ._by_hand import call_by_hand
+from ._by_hand import call_by_hand, called_by_hand
 from ._state import LoopState
 
-__all__ = ["LoopCallbackBase"]
+__all__ = ["LoopCallbackBase", "called_by_hand"]
 
 
 class LoopCallbackBase:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from .._records._history import History
@@ -15,7 +16,11 @@ from ._naming import describe
 from ._returns import NO_CHANGE, as_logs, parse_return
 from ._state import LoopState
 
-__all__ = ["call_by_hand"]
+__all__ = ["call_by_hand", "called_by_hand"]
+
+#: The loop state of each callback object called by hand, kept between its calls (here, not
+#: on the user's object), by ``id``; an entry goes with its object.
+_LOOPS: dict[int, LoopState] = {}
 
 #: The batch of a call by hand made without ``batch=``: one step, no samples.
 _NO_BATCH: Any = type("NoBatch", (), {"__repr__": lambda self: "NO_BATCH"})()
@@ -67,15 +72,15 @@ def call_by_hand(
             _NOT_ELAPSED_FIRST.format(who=who, given=describe(elapsed), names=", ".join(names))
         )
     batch = given.get("batch")
-    loop_state: LoopState | None = getattr(callback, "_by_hand_loop", None)
+    loop_state = _LOOPS.get(id(callback))
     if loop_state is None:
-        loop_state = LoopState(
+        loop_state = _LOOPS[id(callback)] = LoopState(
             None,
             History(),
             elapsed,
             batch_size_fn=lambda b: 0 if b is _NO_BATCH else default_batch_size(b),
         )
-        callback._by_hand_loop = loop_state
+        weakref.finalize(callback, _LOOPS.pop, id(callback), None)
     loop_state.history = History()  # this call's row only: nothing piles up
     loop_state.elapsed = elapsed
     loop_state.batch = _NO_BATCH if batch is None else batch
@@ -105,3 +110,14 @@ def call_by_hand(
     if "state" in names:
         return loop_state.stop_iteration, loop_state.state
     return loop_state.stop_iteration
+
+
+def called_by_hand(loop_state: LoopState) -> bool:
+    """Whether ``loop_state`` is that of a callback called by hand (no loop around it).
+
+    Example:
+        >>> import ciclo
+        >>> called_by_hand(ciclo.LoopState(None, ciclo.history(), ciclo.Elapsed.create()))
+        False
+    """
+    return any(loop_state is kept for kept in _LOOPS.values())

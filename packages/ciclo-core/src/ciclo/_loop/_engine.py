@@ -28,7 +28,7 @@ from ._hooks import steps_per_call
 from ._in_flight import InFlight, adapts_to_device
 from ._plan import TaskPlan
 from ._state import LoopState
-from ._step import run_callbacks
+from ._step import run_callbacks, run_step
 
 __all__ = ["run"]
 
@@ -83,9 +83,12 @@ def run(
                     loop_state.elapsed, loop_state.batch = elapsed, batch
                     if first is not None:
                         fired = itertools.chain((first,), fired)
-                    group = _step(loop_state, fired, in_flight, fusing)
+                    group = _fused_step(loop_state, fired, in_flight)
+            elif fusing:
+                group = _fused_step(loop_state, fired, in_flight)
             else:
-                group = _step(loop_state, fired, in_flight, fusing)
+                loop_state.logs = empty_logs()
+                run_step(loop_state, fired, in_flight)
             if group is not None:
                 if not group.is_complete(loop_state):
                     continue
@@ -112,30 +115,21 @@ def run(
     loop_state.logs = Logs()
 
 
-def _step(
-    loop_state: LoopState, fired: Iterable[Callback], in_flight: InFlight, fusing: bool
+def _fused_step(
+    loop_state: LoopState, fired: Iterable[Callback], in_flight: InFlight
 ) -> Group | None:
-    """The per-step primitive: runs the step's callbacks in order, commits its logs and
-    counts it in flight. When ``fusing`` and a fused callback (K > 1) fires, the callbacks
-    before it have run, and the group it starts is returned (the rest of the step runs with
-    the group)."""
+    """:func:`~ciclo._loop._step.run_step` in a loop that fuses steps: when a fused callback
+    (K > 1) fires, the callbacks before it have run, and the group it starts is returned
+    (the rest of the step runs with the group)."""
     loop_state.logs = empty_logs()
-    if fusing:
-        fired = iter(fired)
-        for callback in fired:
-            if callback.fusable:
-                size = steps_per_call(callback.fn, loop_state)
-                if size > 1:
-                    group = Group(callback, size, loop_state.logs, loop_state.batch)
-                    group.add(loop_state.elapsed, loop_state.batch, list(fired))
-                    return group
-            run_callbacks((callback,), loop_state)
-    else:
-        run_callbacks(fired, loop_state)
-    logs = loop_state.logs
-    if logs:  # commit(loop_state), inlined (once per step)
-        loop_state.history.commit(loop_state.elapsed, logs)
-    in_flight.countdown -= 1  # InFlight.push_tree, inlined: once per step
-    if in_flight.countdown == 0:
-        in_flight.mark(loop_state.logs, loop_state.state)
+    fired = iter(fired)
+    for callback in fired:
+        if callback.fusable:
+            size = steps_per_call(callback.fn, loop_state)
+            if size > 1:
+                group = Group(callback, size, loop_state.logs, loop_state.batch)
+                group.add(loop_state.elapsed, loop_state.batch, list(fired))
+                return group
+        run_callbacks((callback,), loop_state)
+    run_step(loop_state, (), in_flight)
     return None

@@ -18,7 +18,7 @@ from .._time._elapsed import Elapsed
 from ._callback import NO_CHANGE, Callback
 from ._in_flight import InFlight
 from ._state import LoopState
-from ._step import commit, run_callbacks
+from ._step import commit, run_step
 
 __all__ = ["Group"]
 
@@ -74,9 +74,7 @@ class Group:
         loop_state.elapsed, loop_state.batch = self.elapsed[-1], self.batches[-1]
         if len(self.batches) == 1:  # a plain step
             loop_state.logs = self.before_logs
-            run_callbacks([self.fused, *self.after, *self.observers], loop_state)
-            commit(loop_state)
-            in_flight.push_tree(loop_state.logs, loop_state.state)
+            run_step(loop_state, [self.fused, *self.after, *self.observers], in_flight)
             return
         loop_state.elapsed = self.elapsed[0]
         try:
@@ -91,14 +89,15 @@ class Group:
             loop_state.state = state
         logs = logs or Logs()
         if self.before_logs or self.after:
-            self._commit_rows(loop_state, logs)
+            self._commit_rows(loop_state, logs, in_flight)
         else:
             self._commit_stacked(loop_state, logs)
-        in_flight.push_tree(loop_state.logs, loop_state.state)
+            in_flight.push_tree(loop_state.logs, loop_state.state)
 
-    def _commit_rows(self, loop_state: LoopState, logs: Logs) -> None:
+    def _commit_rows(self, loop_state: LoopState, logs: Logs, in_flight: InFlight) -> None:
         """Callbacks ran before the group or run after it: the stacked logs are split in
-        rows, the first merged with what ran before, the last seen by what runs after."""
+        rows, the first merged with what ran before, the last, the group's step, seen by
+        what runs after."""
         rows = _unstack(logs, len(self.batches))
         rows[0] = Logs(self.before_logs).merge(rows[0])
         for elapsed, batch, row in zip(self.elapsed[:-1], self.batches, rows, strict=False):
@@ -106,8 +105,7 @@ class Group:
             commit(loop_state)
         loop_state.elapsed, loop_state.batch = self.elapsed[-1], self.batches[-1]
         loop_state.logs = rows[-1]
-        run_callbacks([*self.after, *self.observers], loop_state)
-        commit(loop_state)
+        run_step(loop_state, [*self.after, *self.observers], in_flight)
 
     def _commit_stacked(self, loop_state: LoopState, logs: Logs) -> None:
         """Only the fused callback ran: the stacked logs go to history as one block."""

@@ -2,60 +2,51 @@
 
 A callback is a function taking the first 0-4 of ``(state, batch, elapsed, loop_state)``
 (see :mod:`ciclo._loop._callback`), or an object implementing some of these hooks. The loop
-never probes a callback with ``hasattr`` elsewhere: it asks the helpers of this module.
+never probes a callback elsewhere: it asks the helpers of this module. Hooks looked up on
+an *object* are found on the callback itself or on the object behind a bound method
+(:func:`owners`, :func:`hook_owners`), each object once.
 
-``__loop_callback__(loop_state)`` (:class:`LoopCallback`)
-    What a loop calls at each step where the callback's schedule fires. It returns what a
-    function callback returns: ``None``, logs, a state, ``(logs, state)`` or
-    ``(outputs, logs, state)``, read by :func:`ciclo._loop._returns.parse_return`.
-
-``__loop_end__(loop_state, error)`` (:class:`EndHook`)
-    Called once when the loop ends, before ``on_end`` (``error`` is ``None``), or when an
-    exception leaves the loop (``error`` is that exception, raised again afterwards). Looked
-    up on the class of the callback object, or of the object behind a bound method
-    (:func:`end_hook_owners`).
-
-``__loop_restart__(loop_state) -> batches or None`` (:class:`RestartHook`)
-    Called by the outermost loop each time the engine has returned (its data or ``stop``
-    reached, or a callback's stop), before the end hooks, unless a signal stopped it: a
-    callback that puts the loop back to an earlier point (a rollback) does so and returns
-    the batches to run from there, and the engine runs again; ``None``: the loop ends.
-    With several processes every process calls it at the same step. Looked up like
-    ``__loop_end__`` (:func:`restart_hook_owners`).
-
-``__loop_observer__ = True`` (:class:`Observer`, a class attribute)
-    The callback only reads the loop (a progress bar, a logger) and returns nothing: inside a
-    group of fused steps it runs once, after the group, instead of cutting it
-    (:func:`is_observer`).
-
-``__loop_steps_per_call__(loop_state) -> K`` and ``__loop_callback_many__(loop_state, batches)``
-    (:class:`FusableCallback`)
-    A step that can run ``K`` consecutive batches in one call (a managed step under a
-    strategy with ``steps_per_call=K``); ``__loop_callback_many__`` returns the logs stacked
-    along a new first axis and the last state (:func:`is_fusable`, :func:`steps_per_call`;
-    the grouping lives in :mod:`ciclo._loop._fusion`).
-
-``__loop_lower__(loop_state)`` (:class:`Lowerable`)
-    A step that compiles its own call (a managed step, bound or not) gives that call on the
-    loop's current state and batch, lowered and not run (a ``jax.stages.Lowered``): what
-    ``throughput(flops_per_step=step)`` reads the FLOPs of a step from (:func:`lowered`).
-
-``__loop_phases__(loop_state, phases)`` (:class:`PhaseWatcher`)
-    A callback object that reads the loop's phases (the time ledger ``ciclo.goodput``, the
-    watchdog): the outermost loop holding one marks its phases on the process's record
-    (:mod:`ciclo._time._phases`), and calls this with the record when its first batch is
-    about to be drawn (after a resume), and with ``None`` once the loop's end hooks have
-    run (:func:`phase_watchers`).
-
-``state_dict()`` / ``load_state_dict(state)`` (:class:`Stateful`)
-    Callbacks (early stopping...), schedules and datasets that remember something expose
-    it as plain Python values and NumPy arrays, so a checkpoint saves it and a resumed run
-    restores it (:func:`as_stateful`).
-
-``keys()`` / ``__getitem__`` (:class:`Spreadable`, implemented by
-    :class:`~ciclo._loop._base.LoopCallbackBase`)
-    A callback object may pose as the mapping ``{its default schedule: itself}``, so it can
-    be spread into ``tasks`` with ``**`` (``{**ciclo.keras_bar(1000)}``).
+=============================================  =====================================================
+hook (its :class:`Protocol`; the probe)        what it is, and when the loop uses it
+=============================================  =====================================================
+``__loop_callback__(loop_state)``              What a loop calls at each step where the callback's
+(:class:`LoopCallback`)                        schedule fires; it returns what a function callback
+                                               returns (``None``, logs, a state, ``(logs, state)``,
+                                               ``(outputs, logs, state)``: ``parse_return``).
+``__loop_end__(loop_state, error)``            Called once when the loop ends, before ``on_end``
+(:class:`EndHook`; ``hook_owners``)            (``error`` ``None``), or when an exception leaves it
+                                               (``error`` is it, raised again afterwards).
+``__loop_restart__(loop_state)``               Asked by the outermost loop each time the engine
+(:class:`RestartHook`; ``hook_owners``)        returned, before the end hooks, unless a signal
+                                               stopped it: a callback that put the loop back to an
+                                               earlier point (a rollback) returns the batches to run
+                                               from there; ``None``: the loop ends. With several
+                                               processes, every process at the same step.
+``__loop_phases__(loop_state, phases)``        A reader of the loop's phases (``ciclo.goodput``,
+(:class:`PhaseWatcher`; ``hook_owners``)       the watchdog): the loop then owns a record
+                                               (``loop_state.phases``, :mod:`ciclo._time._phases`)
+                                               and passes it when the first batch is about to be
+                                               drawn, and ``None`` once the end hooks have run.
+``__loop_observer__ = True``                   A class attribute: the callback only reads the loop
+(:class:`Observer`; :func:`is_observer`)       and returns nothing (a bar, a logger): inside a group
+                                               of fused steps it runs once, after the group.
+``__loop_transient__ = True``                  A class attribute: a watcher outside the run (the
+(:func:`is_transient`)                         watchdog): a checkpoint holds no state of its task,
+                                               so a resumed run may add or leave it out.
+``__loop_steps_per_call__(loop_state) -> K``   A step that runs ``K`` consecutive batches in one
+and ``__loop_callback_many__(loop_state,       call (a managed step with ``steps_per_call=K``),
+batches)`` (:class:`FusableCallback`;          returning the logs stacked on a new first axis and
+:func:`is_fusable`, :func:`steps_per_call`)    the last state (the grouping: ``_fusion.py``).
+``__loop_lower__(loop_state)``                 A step that compiles its own call gives it on the
+(:class:`Lowerable`; :func:`lowered`)          loop's state and batch, lowered, not run (what
+                                               ``throughput`` reads a step's FLOPs from).
+``state_dict()`` / ``load_state_dict(state)``  What a checkpoint saves and a resume restores, as
+(:class:`Stateful`; :func:`is_stateful`)       plain values and NumPy arrays (callbacks,
+                                               schedules, datasets).
+``keys()`` / ``__getitem__``                   A callback object poses as ``{its default schedule:
+(:class:`Spreadable`)                          itself}``, spread into ``tasks`` with ``**``
+                                               (``LoopCallbackBase`` implements it).
+=============================================  =====================================================
 
 Named hooks (``on_train_batch_end(state, batch, elapsed, loop_state)``, ...): a callback
 object in ``callbacks=[...]`` of ``train_loop`` / ``test_loop`` / ``predict_loop`` defines
@@ -80,12 +71,12 @@ __all__ = [
     "Lowerable",
     "Spreadable",
     "is_observer",
+    "is_transient",
     "is_fusable",
     "steps_per_call",
-    "end_hook_owners",
-    "restart_hook_owners",
+    "owners",
+    "hook_owners",
     "PhaseWatcher",
-    "phase_watchers",
     "lowered",
     "as_stateful",
     "is_stateful",
@@ -157,11 +148,6 @@ class Spreadable(Protocol):
 
 
 # --- the probes ---------------------------------------------------------------------------
-def _owner(fn: Any) -> Any:
-    """The object behind a bound method, or ``fn`` itself."""
-    return getattr(fn, "__self__", fn)
-
-
 def is_observer(fn: Any) -> bool:
     """Whether ``fn`` (or the object behind it, for a bound method) is an observer.
 
@@ -170,7 +156,19 @@ def is_observer(fn: Any) -> bool:
         >>> is_observer(ciclo.keras_bar(10)), is_observer(print)
         (True, False)
     """
-    return bool(getattr(_owner(fn), "__loop_observer__", False))
+    return any(getattr(owner, "__loop_observer__", False) for owner in owners([fn]))
+
+
+def is_transient(fn: Any) -> bool:
+    """Whether ``fn`` is a watcher outside the run (its bound methods are not: a
+    checkpoint keeps the state of their tasks, as it always did).
+
+    Example:
+        >>> import ciclo
+        >>> is_transient(ciclo.watchdog()), is_transient(print)
+        (True, False)
+    """
+    return bool(getattr(fn, "__loop_transient__", False))
 
 
 def is_fusable(fn: Any) -> bool:
@@ -200,60 +198,38 @@ def lowered(fn: Any, loop_state: LoopState) -> Any:
     return None if lower is None else lower(loop_state)
 
 
-def end_hook_owners(fns: Iterable[Any]) -> list[EndHook]:
-    """The distinct objects behind ``fns`` (themselves, or the objects of bound methods)
-    whose class defines ``__loop_end__``, in order of appearance.
+def owners(fns: Iterable[Any]) -> list[Any]:
+    """The distinct objects behind ``fns`` (themselves, and the objects of bound methods),
+    in order of appearance.
+
+    Example:
+        >>> class Run:
+        ...     def step(self, state): ...
+        >>> run = Run()
+        >>> owners([run.step, run]) == [run.step, run]
+        True
+    """
+    found: dict[int, Any] = {}
+    for fn in fns:
+        for owner in (fn, getattr(fn, "__self__", None)):
+            if owner is not None:
+                found.setdefault(id(owner), owner)
+    return list(found.values())
+
+
+def hook_owners(fns: Iterable[Any], hook: str) -> list[Any]:
+    """The distinct objects behind ``fns`` whose class defines the method ``hook``
+    (``"__loop_end__"``, ``"__loop_restart__"``, ``"__loop_phases__"``), in order.
 
     Example:
         >>> class Run:
         ...     def step(self, state): ...
         ...     def __loop_end__(self, loop_state, error): ...
         >>> run = Run()
-        >>> end_hook_owners([run.step, print, run]) == [run]
+        >>> hook_owners([run.step, print, run], "__loop_end__") == [run]
         True
     """
-    found: dict[int, Any] = {}
-    for fn in fns:
-        for owner in (fn, getattr(fn, "__self__", None)):
-            if owner is not None and callable(getattr(type(owner), "__loop_end__", None)):
-                found.setdefault(id(owner), owner)
-    return list(found.values())
-
-
-def restart_hook_owners(fns: Iterable[Any]) -> list[RestartHook]:
-    """The distinct objects behind ``fns`` whose class defines ``__loop_restart__``, in
-    order of appearance (as :func:`end_hook_owners`).
-
-    Example:
-        >>> class Rollback:
-        ...     def __loop_restart__(self, loop_state): ...
-        >>> rollback = Rollback()
-        >>> restart_hook_owners([print, rollback, rollback]) == [rollback]
-        True
-    """
-    found: dict[int, Any] = {}
-    for fn in fns:
-        for owner in (fn, getattr(fn, "__self__", None)):
-            if owner is not None and callable(getattr(type(owner), "__loop_restart__", None)):
-                found.setdefault(id(owner), owner)
-    return list(found.values())
-
-
-def phase_watchers(fns: Iterable[Any]) -> list[PhaseWatcher]:
-    """The distinct objects behind ``fns`` (themselves, or the objects of bound methods)
-    whose class defines ``__loop_phases__``, in order of appearance.
-
-    Example:
-        >>> import ciclo
-        >>> phase_watchers([ciclo.keras_bar(10), print])
-        []
-    """
-    found: dict[int, Any] = {}
-    for fn in fns:
-        for owner in (fn, getattr(fn, "__self__", None)):
-            if owner is not None and callable(getattr(type(owner), "__loop_phases__", None)):
-                found.setdefault(id(owner), owner)
-    return list(found.values())
+    return [o for o in owners(fns) if callable(getattr(type(o), hook, None))]
 
 
 def is_stateful(obj: Any) -> bool:

@@ -24,6 +24,7 @@ import jax
 
 from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from ._callback import LoopInterrupted
+from ._state import StopKind
 
 __all__ = ["stop_gracefully_on", "exit_if_terminated"]
 
@@ -63,7 +64,7 @@ def stop_gracefully_on(
         return
     if _handling:
         if _received:  # the outer loop is stopping: this loop ends after one batch
-            loop_state.request_stop(f"stopped by {_received[0].name}")
+            loop_state.request_stop(f"stopped by {_received[0].name}", kind=StopKind.INTERRUPTED)
         _nested.append(loop_state)
         try:
             yield received
@@ -87,9 +88,8 @@ def stop_gracefully_on(
             return
         received.append(sig)
         _received.append(sig)
-        loop_state.request_stop(f"stopped by {sig.name}")
-        for nested in _nested:
-            nested.request_stop(f"stopped by {sig.name}")
+        for stopped in (loop_state, *_nested):
+            stopped.request_stop(f"stopped by {sig.name}", kind=StopKind.INTERRUPTED)
 
     for s in signals:
         signal.signal(s, handle)

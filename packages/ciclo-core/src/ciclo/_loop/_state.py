@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -10,16 +11,17 @@ from typing import Any, Protocol
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period, as_period, default_batch_size
+from .._time._phases import Phases
 from ._naming import callback_name
 
 __all__ = [
     "DATA_ENDED",
-    "ROLLING_BACK",
     "ENDING_WORDS",
     "LoopInputs",
     "LoopState",
     "STOPPED_ENDINGS",
     "StopArbiter",
+    "StopKind",
     "record_ending",
     "run_ending",
 ]
@@ -45,21 +47,35 @@ class StopArbiter(Protocol):
     """Decides when a stop that one process requests takes effect (several processes: at
     one agreed step everywhere). ``None`` on a loop of one process: a stop is immediate."""
 
-    def request(self, reason: str | None) -> None: ...
+    def request(self, reason: str | None, kind: StopKind) -> None: ...
 
     def request_reason(self, reason: str | None) -> None: ...
 
     def elapsed_after(self, elapsed: Elapsed, batch_size: int) -> Elapsed: ...
 
 
-#: The endings of a run that a callback stopped (``early_stopping``, ``terminate_on_nan``,
-#: any other callback setting ``stop_iteration``): a resumed run stays finished unless
-#: ``resume_stopped=True``.
-STOPPED_ENDINGS = ("early_stopping", "nan", "callback")
-#: How ``stop_reason`` begins when ``rollback_on_nan`` stopped the engine to roll back: the
-#: run is not over (the loop restarts from a checkpoint, or, stopped by a signal meanwhile,
-#: it is interrupted, to be resumed).
-ROLLING_BACK = "rollback_on_nan: rolling back"
+class StopKind(enum.StrEnum):
+    """What kind of stop ended a loop (``loop_state.request_stop(reason, kind=...)``): how
+    the run ended is decided on the kind, never on the reason's text. A checkpoint records
+    the kind of a finished run as its ending's ``reason`` (these values, as written before
+    kinds existed), and a resumed run stays finished after ``CALLBACK``, ``EARLY_STOPPING``
+    and ``NAN`` unless ``resume_stopped=True``.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.StopKind("early_stopping") is ciclo.StopKind.EARLY_STOPPING
+        True
+    """
+
+    CALLBACK = "callback"  #: a callback ended the run (the default of ``request_stop``)
+    EARLY_STOPPING = "early_stopping"  #: ``early_stopping`` ended the run
+    NAN = "nan"  #: ``terminate_on_nan``, or ``rollback_on_nan`` past its last rollback
+    ROLLBACK = "rollback"  #: ``rollback_on_nan`` stopped the engine to roll back: not over
+    INTERRUPTED = "interrupted"  #: a signal or a preemption notice: to resume, not finished
+
+
+#: The kinds of stop that finish a run: a resumed run stays finished (see :class:`StopKind`).
+STOPPED_ENDINGS = (StopKind.CALLBACK, StopKind.EARLY_STOPPING, StopKind.NAN)
 
 #: What a run's ending says in messages.
 ENDING_WORDS = {
@@ -74,33 +90,26 @@ ENDING_WORDS = {
 def run_ending(loop_state: LoopState, stop_reached: bool) -> dict[str, Any] | None:
     """Why and where a loop that went through its steps ended: ``{"reason", "step",
     "message"}``, where ``reason`` is ``"stop"`` (its ``stop`` was reached), ``"data"``
-    (its dataset ran out first), ``"early_stopping"``, ``"nan"`` (``terminate_on_nan``,
-    or ``rollback_on_nan`` past its last rollback) or ``"callback"`` (another callback
-    stopped it); ``None`` for a loop stopped by a signal (a preemption or Ctrl-C: the run
-    is interrupted, not finished) or by ``rollback_on_nan`` to roll back.
+    (its dataset ran out first) or the :class:`StopKind` of a stop that finishes a run;
+    ``None`` for a loop stopped by a signal (interrupted, not finished) or to roll back.
 
     Example:
         >>> import ciclo
         >>> loop_state = ciclo.LoopState(None, ciclo.history(), ciclo.Elapsed.create(steps=7))
         >>> run_ending(loop_state, stop_reached=True)["reason"]
         'stop'
-        >>> loop_state.stop_iteration, loop_state.stop_reason = True, "stopped by SIGTERM"
+        >>> loop_state.request_stop("stopped by SIGTERM", kind=ciclo.StopKind.INTERRUPTED)
         >>> run_ending(loop_state, stop_reached=False) is None
         True
     """
-    why = loop_state.stop_reason or ""
     if loop_state.stop_iteration:
-        if why.startswith(("stopped by", ROLLING_BACK)):
+        kind = loop_state.stop_kind
+        if kind not in STOPPED_ENDINGS:
             return None
-        if why.startswith("early_stopping"):
-            reason = "early_stopping"
-        elif why.startswith(("terminate_on_nan", "rollback_on_nan")):
-            reason = "nan"
-        else:
-            reason = "callback"
+        reason = str(kind)
     else:
         reason = "stop" if stop_reached else "data"
-    return {"reason": reason, "step": loop_state.elapsed.steps, "message": why or None}
+    return {"reason": reason, "step": loop_state.elapsed.steps, "message": loop_state.stop_reason}
 
 
 #: How the warning of a dataset that ended before ``stop`` begins.
@@ -151,6 +160,7 @@ class LoopState:
         stop_iteration: whether the loop ends after this step; setting it to ``True`` is
             :meth:`request_stop` without a reason.
         stop_reason: why the loop stopped (e.g. ``"stopped by SIGTERM"``), or ``None``.
+        stop_kind: the :class:`StopKind` of the stop, ``None`` while the loop runs.
         batch_size_fn: ``batch -> int``, how the loop counts the samples of a batch (this
             process's part of it).
         initial_elapsed: the count the loop started from (for a resumed loop: the count the
@@ -165,10 +175,13 @@ class LoopState:
             from the logs at an epoch's end was never logged, not just not evaluated yet.
         inputs: the loop's tasks and dataset (:class:`LoopInputs`), for checkpoints.
         ending: why and where the loop ended, ``{"reason", "step", "message"}`` (reason:
-            ``"stop"``, ``"data"``, ``"early_stopping"``, ``"nan"`` or ``"callback"``), set
-            when its steps are over (``None`` before, and after a stop by a signal); the
+            ``"stop"``, ``"data"`` or a :class:`StopKind` that finishes a run), set when its
+            steps are over (``None`` before, and after a stop by a signal); the
             checkpoint of the last step records it, so that a resumed finished run stays
             finished.
+        phases: the record of the loop's phases (:class:`~ciclo._time._phases.Phases`) while
+            its batches run, when its callbacks read one (the ledger, the watchdog); ``None``
+            otherwise.
         finished: ``True`` when ``resume=`` found the run already finished: the loop
             returns at once with the run's final state, history and elapsed, and writes
             nothing.
@@ -178,6 +191,7 @@ class LoopState:
         "_accumulated",
         "_arbiter",
         "_first_row",
+        "_kind",
         "_reason",
         "_step_end",
         "_stop",
@@ -192,6 +206,7 @@ class LoopState:
         "inputs",
         "logs",
         "metadata",
+        "phases",
         "resumed",
         "skipped_batches",
         "state",
@@ -221,15 +236,23 @@ class LoopState:
         self.evaluated = True
         self.ending: dict[str, Any] | None = None
         self.finished = False
+        self.phases: Phases | None = None
         self._stop = False
         self._reason: str | None = None
+        self._kind: StopKind | None = None
         self._arbiter: StopArbiter | None = None
         self._accumulated = Logs()  # what came before this loop's rows (a resume's logs)
         self._first_row = len(history)  # this loop's first row of history
         self._step_end: list[Callable[[LoopState], None]] = []
 
     # --- stopping --------------------------------------------------------------------------
-    def request_stop(self, reason: str | None = None, *, same_everywhere: bool = False) -> None:
+    def request_stop(
+        self,
+        reason: str | None = None,
+        *,
+        kind: StopKind | str = StopKind.CALLBACK,
+        same_everywhere: bool = False,
+    ) -> None:
         """Asks the loop to end after the current step, for ``reason`` (kept as
         :attr:`stop_reason`). The one way to stop a loop, with one process or several: with
         several, every process stops at one step agreed between them, a bounded number of
@@ -237,6 +260,8 @@ class LoopState:
 
         Args:
             reason: why, for messages and :attr:`stop_reason`.
+            kind: a :class:`StopKind`, what decides how the run ended (whether a resumed
+                run stays finished): a callback's stop by default.
             same_everywhere: every process makes this same request at this same step,
                 because the decision derives from what is identical on every process (the
                 counts, the history: early stopping does this): the stop needs no agreement
@@ -251,16 +276,24 @@ class LoopState:
             >>> elapsed.steps
             4
         """
-        if self._arbiter is None or same_everywhere:
-            self.apply_stop(self._reason if reason is None else reason)
+        try:
+            kind = StopKind(kind)
+        except ValueError:
+            raise ValueError(
+                f"request_stop(kind={kind!r}): expected a ciclo.StopKind, one of "
+                f"{[str(k) for k in StopKind]}."
+            ) from None
+        if self._arbiter is not None and not same_everywhere:
+            self._arbiter.request(reason, kind)
+        elif reason is None:  # keeps the reason given before, and the kind of a stop made
+            self.apply_stop(self._reason, self._kind if self._stop and self._kind else kind)
         else:
-            self._arbiter.request(reason)
+            self.apply_stop(reason, kind)
 
-    def apply_stop(self, reason: str | None) -> None:
+    def apply_stop(self, reason: str | None, kind: StopKind) -> None:
         """Ends the loop after this step, for ``reason``: a stop decided (or agreed between
         the processes), as opposed to one requested."""
-        self._stop = True
-        self._reason = reason
+        self._stop, self._reason, self._kind = True, reason, kind
 
     @property
     def stop_iteration(self) -> bool:
@@ -271,7 +304,11 @@ class LoopState:
         if value:
             self.request_stop()
         else:
-            self._stop, self._reason = False, None
+            self._stop, self._reason, self._kind = False, None, None
+
+    @property
+    def stop_kind(self) -> StopKind | None:
+        return self._kind
 
     @property
     def stop_reason(self) -> str | None:

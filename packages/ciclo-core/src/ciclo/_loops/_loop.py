@@ -3,7 +3,7 @@
 It reads top to bottom, in the order a run happens: the arguments are checked, the tasks
 read, a checkpoint to resume from is put back, the processes of a job agree (several
 processes only), the signals that stop a run gracefully are caught, ``on_start`` runs, the
-record of the loop's phases is held for a time ledger or a watchdog among the callbacks, the
+record of the loop's phases is made for a time ledger or a watchdog among the callbacks, the
 engine (:func:`ciclo._loop._engine.run`) runs every batch (again from an earlier point
 after a callback such as ``rollback_on_nan`` put the loop back there), the loop's end hooks and
 ``on_end`` run, and a run stopped by SIGTERM exits with its status. The engine knows none
@@ -24,13 +24,7 @@ from .._checkpoint._lazy import LazyState, is_shapes
 from .._loop._agreed import AgreedDecisions
 from .._loop._arguments import check_arguments, check_dataset, checked_batch_size_fn
 from .._loop._engine import run
-from .._loop._hooks import (
-    PhaseWatcher,
-    RestartHook,
-    end_hook_owners,
-    phase_watchers,
-    restart_hook_owners,
-)
+from .._loop._hooks import PhaseWatcher, RestartHook, hook_owners
 from .._loop._in_flight import default_steps_in_flight
 from .._loop._signals import exit_if_terminated, stop_gracefully_on
 from .._loop._state import LoopInputs, LoopState, record_ending
@@ -45,7 +39,7 @@ from .._processes._agreement import (
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period, elapse
-from .._time._phases import CHECKPOINT, PHASES, Phases, marked
+from .._time._phases import CHECKPOINT, Phases, marked
 
 __all__ = ["loop"]
 
@@ -187,9 +181,9 @@ def loop(
     end_callbacks = as_callback_list(on_end)
     every_callback = itertools.chain(start_callbacks, *(c for _, c in task_list), end_callbacks)
     every_fn = [callback.fn for callback in every_callback]
-    end_hooks = end_hook_owners(every_fn)
-    restarts = restart_hook_owners(every_fn)
-    watchers = phase_watchers(every_fn)
+    end_hooks = hook_owners(every_fn, "__loop_end__")
+    restarts = hook_owners(every_fn, "__loop_restart__")
+    watchers = hook_owners(every_fn, "__loop_phases__")
     history = History() if history is None else history
     lazy = state if isinstance(state, LazyState) else None
     if lazy is not None:  # traced for a resume's shapes, or built now
@@ -254,7 +248,7 @@ def loop(
         # 5. The batches, with stop signals caught.
         with (
             stop_gracefully_on(loop_state, stop_signals, received),
-            _phases_watched(loop_state, watchers) as phases,
+            _phases_watched(loop_state, watchers),
         ):
             try:
                 while True:
@@ -263,7 +257,7 @@ def loop(
                         steps,
                         task_list,
                         max_steps_in_flight=steps_in_flight,
-                        phases=phases,
+                        phases=loop_state.phases,
                     )
                     # A callback that stopped the engine to roll the loop back
                     # (rollback_on_nan) put back an earlier state: the engine runs again
@@ -308,25 +302,24 @@ def loop(
 def _restart(restarts: list[RestartHook], loop_state: LoopState) -> Iterable[Any] | None:
     """:func:`restart`, in the checkpoint phase for the ledger and the watchdog (a rollback
     restores a checkpoint)."""
-    if not PHASES.held:
-        return restart(restarts, loop_state)
-    with marked(CHECKPOINT):
+    with marked(loop_state.phases, CHECKPOINT):
         return restart(restarts, loop_state)
 
 
 @contextlib.contextmanager
-def _phases_watched(loop_state: LoopState, watchers: list[PhaseWatcher]) -> Iterator[Phases | None]:
-    """The record of phases this loop marks, for the ledger and the watchdog among its
-    callbacks (``None`` without one, or inside a loop that marks them already): they are
-    told when the steps begin, and once the loop's end hooks have run."""
-    if not watchers or not PHASES.hold():
-        yield None
+def _phases_watched(loop_state: LoopState, watchers: list[PhaseWatcher]) -> Iterator[None]:
+    """The record of phases this loop owns and marks (``loop_state.phases``) while its
+    batches run, when the ledger or the watchdog is among its callbacks: they are told when
+    the steps begin, and once the loop's end hooks have run."""
+    if not watchers:
+        yield
         return
     try:
-        for watcher in watchers:
-            watcher.__loop_phases__(loop_state, PHASES)
-        yield PHASES
+        with Phases() as loop_state.phases:
+            for watcher in watchers:
+                watcher.__loop_phases__(loop_state, loop_state.phases)
+            yield
     finally:
-        PHASES.release()
+        loop_state.phases = None
         for watcher in watchers:
             watcher.__loop_phases__(loop_state, None)

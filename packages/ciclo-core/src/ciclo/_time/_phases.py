@@ -1,14 +1,15 @@
-"""Where the outermost loop is, and since when: the one record of the loop's *phases* that
-the time ledger (``ciclo.goodput``) and the watchdog (``ciclo.watchdog``) read.
+"""Where a loop is, and since when: the record of the loop's *phases* that the time ledger
+(``ciclo.goodput``) and the watchdog (``ciclo.watchdog``) read.
 
-The process has one record, :data:`PHASES`. It is off until a loop whose callbacks watch it
-(a ledger, a watchdog) *holds* it; only the outermost such loop does (an evaluation's inner
-loop finds it held). Then the engine marks two moments per step (a batch drawn:
+There is no record of the process: a loop whose callbacks watch its phases (a ledger, a
+watchdog) owns one, :class:`Phases`, as ``loop_state.phases`` while its batches run, and
+hands it to what marks it. The engine marks two moments per step (a batch drawn:
 :meth:`Phases.step`; the step done: :meth:`Phases.data`), the callbacks that evaluate and
-checkpoint mark theirs (:func:`marked`), and each mark adds the seconds since the previous
-one to the phase that ended. So every second since the record started is in exactly one
-phase, and the time JAX spends compiling (its own ``jax.monitoring`` events, in the thread
-that runs the loop) is moved from the phase it happened in to ``compile``.
+checkpoint mark theirs on the loop state they are given (:func:`marked`), and each mark
+adds the seconds since the previous one to the phase that ended. So every second since the
+record started is in exactly one phase, and the time JAX spends compiling (its own
+``jax.monitoring`` events, in the thread that runs the loop) is moved from the phase it
+happened in to ``compile``.
 
 A monitor thread reads :meth:`Phases.current` and :attr:`Phases.number` without any lock:
 each attribute is written by the loop's thread alone.
@@ -33,7 +34,6 @@ __all__ = [
     "EVALUATION",
     "FIRST_STEP",
     "PHASE_NAMES",
-    "PHASES",
     "Phases",
     "STARTUP",
     "STEP",
@@ -83,7 +83,8 @@ _IMPORTED = time.time()
 
 
 class Phases:
-    """The record of the outermost loop's phases (see the module docstring).
+    """The record of a loop's phases (see the module docstring); ``with Phases() as
+    phases:`` listens to JAX's compile events inside the block, which ends in ``callbacks``.
 
     The engine's two marks per step, ``step(number)`` (a batch was drawn) and ``data()``
     (the step is done), are as cheap as they can be (a clock reading and two stores each):
@@ -91,23 +92,18 @@ class Phases:
     took. Other phases, rare, are marked with :meth:`enter`; a loop's first step is one.
 
     Attributes:
+        origin: ``time.perf_counter()`` when the record began (in ``startup``).
         number: the step of the latest batch drawn (``-1`` before the first).
-        held: whether a loop holds the record (it marks its phases).
-        first_step: ``(seconds, compile seconds, end)`` of the first step of the loop
-            that holds the record (or held it last), once it is over, else ``None``
-            (``end``: ``time.perf_counter()`` at its end).
+        first_step: ``(seconds, compile seconds, end)`` of the loop's first step, once it is
+            over, else ``None`` (``end``: ``time.perf_counter()`` at its end).
         peers: with several processes, each process's seconds in steps as of the latest
             round of agreement (``None`` with one process).
 
     Example:
-        >>> record = Phases()
-        >>> record.start()
-        >>> record.hold()
-        True
-        >>> record.step(0); record.data(); record.step(1); record.data()
-        >>> record.current()[0], record.number, record.first_step is not None
+        >>> with Phases() as record:
+        ...     record.step(0); record.data(); record.step(1); record.data()
+        ...     record.current()[0], record.number, record.first_step is not None
         ('data', 1, True)
-        >>> record.release()
         >>> record.current()[0]
         'callbacks'
     """
@@ -115,70 +111,42 @@ class Phases:
     __slots__ = (
         "_compile_mark",
         "_first_start",
-        "_listening",
         "_thread",
         "arrived",
         "done",
         "first_step",
-        "held",
         "number",
         "origin",
         "peers",
         "phase",
         "seconds",
         "since",
-        "started",
         "stepped",
     )
 
     def __init__(self) -> None:
         now = time.perf_counter()
-        self.origin = now  # perf_counter() at the process's start (set by start)
+        self.origin = now
         self.phase: str | None = STARTUP  # a phase other than step and data, or None
         self.since = now  # when it began
         self.arrived = self.done = now  # the step began / the wait for data began
         self.stepped = 0.0  # the seconds of steps (the first steps apart)
         self.number = -1
         self.seconds: dict[str, float] = dict.fromkeys(PHASE_NAMES, 0.0)
-        self.held = False
-        self.started = False
         self.first_step: tuple[float, float, float] | None = None
         self.peers: list[float] | None = None
         self._compile_mark = self._first_start = 0.0
-        self._listening = False
         self._thread = threading.get_ident()
 
-    # --- starting, holding ---------------------------------------------------------------------
-    def start(self) -> None:
-        """Starts the accounting (once per process): every second since the process started
-        is counted, in ``startup`` until a loop holds the record; JAX's compile events are
-        listened to from now on."""
-        if self.started:
-            return
-        self.started = True
-        now = time.perf_counter()
-        self.origin = now - max(0.0, time.time() - process_start_time())
-        self.since, self.phase = self.origin, STARTUP
-        self._thread = threading.get_ident()
-        if not self._listening:
-            jax.monitoring.register_event_duration_secs_listener(self._compiled)
-            self._listening = True
+    # --- the loop's block ---------------------------------------------------------------------
+    def __enter__(self) -> Phases:
+        jax.monitoring.register_event_duration_secs_listener(self._compiled)
+        return self
 
-    def hold(self) -> bool:
-        """The outermost loop takes the record (``False`` when a loop holds it already):
-        its next batch is a first step."""
-        if self.held:
-            return False
-        self.start()
-        self.held = True
-        self.first_step = None
-        self._thread = threading.get_ident()
-        return True
-
-    def release(self) -> None:
+    def __exit__(self, *error: object) -> None:
         """The loop is over: what follows is other host work (``callbacks``)."""
         self.enter(CALLBACKS)
-        self.held = False
+        jax.monitoring.unregister_event_duration_listener(self._compiled)
 
     # --- the engine's marks ------------------------------------------------------------------
     def step(self, number: int) -> None:
@@ -266,26 +234,21 @@ class Phases:
             self.seconds[COMPILE] += duration_secs
 
 
-#: The process's one record of phases.
-PHASES = Phases()
-
-
 @contextlib.contextmanager
-def marked(phase: str) -> Iterator[None]:
-    """Marks ``phase`` for the duration of the block when a loop holds :data:`PHASES`, and
-    goes back to the phase before it (nothing happens otherwise, and nesting a phase in
-    itself keeps it).
+def marked(phases: Phases | None, phase: str) -> Iterator[None]:
+    """Marks ``phase`` on the record ``phases`` (``loop_state.phases``) for the duration of
+    the block, and goes back to the phase before it (nothing happens without a record, and
+    nesting a phase in itself keeps it).
 
     Example:
-        >>> with marked(EVALUATION):
+        >>> with marked(None, EVALUATION):
         ...     pass
     """
-    if not PHASES.held or PHASES.current()[0] == phase:
+    if phases is None or phases.current()[0] == phase:
         yield
         return
-    left = PHASES.enter(phase)
+    left = phases.enter(phase)
     try:
         yield
     finally:
-        if PHASES.held:
-            PHASES.enter(left)
+        phases.enter(left)

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from .._loop._base import LoopCallbackBase
-from .._loop._state import LoopState
+from .._loop._state import LoopState, StopKind
 from .._records import _host
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period, as_period
@@ -23,16 +23,11 @@ __all__ = ["EarlyStopping", "early_stopping", "TerminateOnNaN", "terminate_on_na
 
 _MISSING: Any = object()
 
-#: How ``stop_reason`` begins after a stop signal or a preemption notice (``_loop/_signals.py``
-#: and ``_loop/_agreed.py``): the run is interrupted, to be resumed, not finished.
-_INTERRUPTED = "stopped by"
-
 MSG_INTERRUPTED = (
     "early_stopping: {reason}. The run is interrupted, not finished: it keeps its current "
-    "state{saved}; the best state so far, of {best}, is restored when training ends."
+    "state (resume= continues it from a checkpoint); the best state so far, of {best}, is "
+    "restored when training ends."
 )
-_SAVED = ", saved to resume from (the same command with resume= continues it)"
-_NOT_SAVED = " (no checkpoint saved it: give the loop a ciclo.checkpoint to resume runs)"
 _MONITOR_NOT_LOGGED = (
     "early_stopping: monitor {monitor!r} is not in the logs; entries: {entries}.{hint} "
     "Evaluation entries carry the test name (e.g. 'loss_test'); check the spelling, or the "
@@ -61,9 +56,10 @@ def _stop(
     file: IO[str] | None,
     verbose: bool,
     *,
+    kind: StopKind,
     same_everywhere: bool,
 ) -> None:
-    loop_state.request_stop(reason, same_everywhere=same_everywhere)
+    loop_state.request_stop(reason, kind=kind, same_everywhere=same_everywhere)
     _say(reason, file, verbose)
 
 
@@ -273,6 +269,7 @@ class EarlyStopping(LoopCallbackBase):
                 f"{best}{baseline}).",
                 self.file,
                 self.verbose,
+                kind=StopKind.EARLY_STOPPING,
                 same_everywhere=True,  # decided on the history, identical on every process
             )
 
@@ -294,10 +291,9 @@ class EarlyStopping(LoopCallbackBase):
         """
         if not self.restore_best_weights or self.best_weights is None:
             return None
-        reason = loop_state.stop_reason
-        if reason is not None and reason.startswith(_INTERRUPTED):
-            saved = _SAVED if "saved in" in reason else _NOT_SAVED  # see ciclo.checkpoint
-            message = MSG_INTERRUPTED.format(reason=reason, saved=saved, best=self._best_text())
+        if loop_state.stop_kind is StopKind.INTERRUPTED:
+            reason = loop_state.stop_reason
+            message = MSG_INTERRUPTED.format(reason=reason, best=self._best_text())
             _say(message, self.file, self.verbose)
             return None
         if self.best_step is None:  # every check was NaN: nothing is best
@@ -418,6 +414,7 @@ class TerminateOnNaN(LoopCallbackBase):
                 f"{loop_state.elapsed.steps}; training stopped.",
                 self.file,
                 self.verbose,
+                kind=StopKind.NAN,
                 same_everywhere=False,  # checked on this process's clock: agreed
             )
 

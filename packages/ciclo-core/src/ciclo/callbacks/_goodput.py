@@ -1,7 +1,8 @@
 """``goodput``: the time ledger of a run, where every second of its wall time went.
 
-It reads the process's record of the loop's phases (:mod:`ciclo._time._phases`, marked by the
-engine, the evaluations and the checkpoints), adds what the checkpoint it resumed from
+It reads the record of the phases of each loop it is in (:mod:`ciclo._time._phases`, marked
+by the engine, the evaluations and the checkpoints), counts the time outside them (start-up
+before its first loop, other work between loops), adds what the checkpoint it resumed from
 carried (the buckets of the processes before this one), and what a resume redid (``lost``).
 """
 
@@ -31,10 +32,11 @@ from .._time._phases import (
     DATA,
     EVALUATION,
     FIRST_STEP,
-    PHASES,
+    PHASE_NAMES,
     STARTUP,
     STEP,
     Phases,
+    process_start_time,
 )
 from .._time._schedules import Schedule, every
 
@@ -132,23 +134,37 @@ class Goodput(LoopCallbackBase):
         self.steps = steps
         self.summary = summary
         self.since = since
-        PHASES.start()
-        first = since == "process"  # else this process's seconds count from now
-        if not first and not PHASES.held:  # from now to the next loop's first step
-            PHASES.enter(STARTUP)
-        self._offset = dict.fromkeys([*PHASES.seconds, "total"], 0.0) if first else PHASES.totals()
+        now = _time.perf_counter()
+        self._start = now - max(0.0, _time.time() - process_start_time())
+        if since == "now":  # else this process's seconds count from its start
+            self._start = now
+        self._restart(self._start)
         self._base = dict.fromkeys(BUCKETS, 0.0)  # the processes before this one (a resume)
         self._loaded: dict[str, float] | None = None  # the checkpoint's, on a resume
         self._used = False  # whether a loop ran with it (a later resume then restarts own)
-        self._start = PHASES.origin if first else _time.perf_counter()
         self._heartbeat: _Heartbeat | None = None
         self._failed = False  # whether an error ended the loop
+
+    def _restart(self, start: float) -> None:
+        """This process's own seconds count from ``start`` on (in ``startup`` until a loop
+        owns a record of phases)."""
+        self._since = start  # when the time outside a loop's record began
+        self._outside = STARTUP  # where it goes: before the first loop, then between loops
+        self._closed = dict.fromkeys(PHASE_NAMES, 0.0)  # the seconds of the loops ended
+        self._phases: Phases | None = None  # the record of the loop it is in, or was in last
+        self._in_loop = False
 
     # --- the figures ------------------------------------------------------------------------
     def _own(self) -> dict[str, float]:
         """This process's buckets (no ``lost``) and ``total``."""
-        now, offset = PHASES.totals(), self._offset
-        own = {phase: now[phase] - offset.get(phase, 0.0) for phase in now}
+        own = dict(self._closed)
+        if self._in_loop and self._phases is not None:
+            for phase, seconds in self._phases.totals().items():
+                own[phase] = own.get(phase, 0.0) + seconds
+        else:
+            own[self._outside] += _time.perf_counter() - self._since
+        own.pop("total", None)
+        own["total"] = sum(own.values())
         return {
             "startup": own[STARTUP],
             "compile": own[COMPILE],
@@ -177,7 +193,7 @@ class Goodput(LoopCallbackBase):
         buckets = {b: self._base[b] + own.get(b, 0.0) for b in BUCKETS}
         total = sum(buckets.values())
         out = {"total": total, **buckets, "goodput": buckets["step"] / total if total else 0.0}
-        first = PHASES.first_step
+        first = None if self._phases is None else self._phases.first_step
         if first is None:
             first = (math.nan, math.nan, math.nan)
         out["first_step"], out["first_step_compile"] = first[0], first[1]
@@ -190,7 +206,7 @@ class Goodput(LoopCallbackBase):
         logs.add_metric("goodput_total", report["total"])
         for bucket in BUCKETS:
             logs.add_metric(f"goodput_{bucket}", report[bucket])
-        peers = PHASES.peers
+        peers = None if self._phases is None else self._phases.peers
         if peers:
             slowest = max(range(len(peers)), key=peers.__getitem__)
             median = statistics.median(peers)
@@ -218,7 +234,7 @@ class Goodput(LoopCallbackBase):
         report = self.report()
         state: dict[str, Any] = {b: report[b] for b in BUCKETS}
         state["total"] = report["total"]
-        state["steps"] = PHASES.number + 1 if PHASES.held else -1
+        state["steps"] = self._steps() if self._in_loop else -1
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -228,7 +244,7 @@ class Goodput(LoopCallbackBase):
         except (KeyError, TypeError, ValueError):
             raise ValueError(MSG_WRONG_STATE.format(state=dict(state))) from None
         if self._used:  # the same ledger resumed in the same process: its own time restarts
-            self._offset = PHASES.totals()
+            self._restart(_time.perf_counter())
         self._base = {b: loaded[b] for b in BUCKETS}
         self._loaded = loaded
 
@@ -248,6 +264,7 @@ class Goodput(LoopCallbackBase):
     def __loop_phases__(self, loop_state: LoopState, phases: Phases | None) -> None:
         """When the steps begin: the work a resume redoes, and the heartbeat file; at the
         loop's end: the summary."""
+        self._phases_of_loop(phases)
         if phases is None:
             if self._heartbeat is not None:
                 # Ended by an error, the work since the last checkpoint is lost; else the
@@ -266,6 +283,23 @@ class Goodput(LoopCallbackBase):
             self._base["lost"] += _redone(path, self._loaded)
             self._loaded = None
         self._heartbeat = _Heartbeat(path, self)
+
+    def _phases_of_loop(self, phases: Phases | None) -> None:
+        """Folds the time outside the loop's record into ``startup`` or ``callbacks`` when a
+        loop begins, and the record's seconds into the ledger's when it ends."""
+        if phases is not None:
+            self._closed[self._outside] += phases.origin - self._since
+            self._phases, self._in_loop = phases, True
+        elif self._in_loop and self._phases is not None:
+            totals = self._phases.totals()
+            self._since = self._phases.origin + totals.pop("total")
+            for phase, seconds in totals.items():
+                self._closed[phase] += seconds
+            self._outside, self._in_loop = CALLBACKS, False
+
+    def _steps(self) -> int:
+        """The steps of the loop it is in (its latest batch's, plus one)."""
+        return 0 if self._phases is None else self._phases.number + 1
 
     def __loop_end__(self, loop_state: LoopState, error: BaseException | None) -> None:
         """Notes whether an error ended the loop (the summary waits for the checkpoint's
@@ -316,7 +350,7 @@ class _Heartbeat:
     def _run(self) -> None:
         temporary = f"{self.path}.{os.getpid()}.tmp"
         while not self._stopped.wait(HEARTBEAT_SECONDS):
-            note = {"total": self.ledger.report()["total"], "steps": PHASES.number + 1}
+            note = {"total": self.ledger.report()["total"], "steps": self.ledger._steps()}
             try:
                 with open(temporary, "w") as file:
                     json.dump(note, file)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .._loop._state import LoopState
 from .._records._aggregate import AggregationSpec, Spec, aggregate_history, rename_logs
 from .._records._history import History
 from .._records._logs import Logs
@@ -108,8 +109,11 @@ def inner_loop(
         )
     Spec(aggregation)  # validates early
 
-    def run(state: Any) -> tuple[Logs, Any]:
-        with marked(EVALUATION):  # for the ledger and the watchdog (ciclo._time._phases)
+    def run(
+        state: Any, batch: Any = None, elapsed: Any = None, loop_state: LoopState | None = None
+    ) -> tuple[Logs, Any]:
+        phases = None if loop_state is None else loop_state.phases
+        with marked(phases, EVALUATION):  # for the ledger and the watchdog
             result = loop_fn(state)
         new_state, logs, elapsed = _split_result(name, result)
         if isinstance(logs, History):

@@ -15,7 +15,7 @@ import time as _time
 from collections.abc import Callable, Mapping
 from typing import IO, Any, NamedTuple
 
-from .._loop._base import LoopCallbackBase
+from .._loop._base import LoopCallbackBase, called_by_hand
 from .._loop._state import LoopState
 from .._processes._outputs import OUTPUT_PROCESS, check_output_process, writes_here
 from .._records import _host
@@ -196,7 +196,7 @@ class _Bar(LoopCallbackBase):
         means = self._means
         if means is None:
             return named_entries(_host.to_host(latest))
-        by_hand = loop_state is getattr(self, "_by_hand_loop", None)
+        by_hand = called_by_hand(loop_state)
         if training:
             means.note(loop_state)
         if self._from_step is None:  # no epoch began before: see _epoch_begins
@@ -218,11 +218,7 @@ class _Bar(LoopCallbackBase):
     _in_train_loop = False  # whether on_train_batch_end updates the bar
 
     def __loop_callback__(self, loop_state: LoopState) -> None:
-        if (
-            self._means is not None
-            and not self.finished
-            and loop_state is getattr(self, "_by_hand_loop", None)
-        ):
+        if self._means is not None and not self.finished and called_by_hand(loop_state):
             self._means.keep(loop_state)  # by hand: no history keeps the values
         if self.total_from_loop:
             self._read_total(loop_state)

@@ -1,7 +1,8 @@
 """``watchdog``: a deadline per phase of the loop, so that a stuck job ends instead of hanging.
 
-A thread reads the process's record of the loop's phases (:mod:`ciclo._time._phases`): the
-phase the loop is in and since when. Nothing runs on the per-step path.
+A thread reads the record of the loop's phases that the loop hands it
+(:mod:`ciclo._time._phases`): the phase the loop is in and since when. Nothing runs on the
+per-step path.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time as _time
 from typing import Any
 
 from .._loop._base import LoopCallbackBase
+from .._loop._hooks import owners
 from .._loop._state import LoopState
 from .._processes._agreement import running_agreement
 from .._processes._outputs import writes_here
@@ -258,17 +260,9 @@ class _Monitor:
     def _write_event(self, step: int, deadline: float) -> None:
         """``watchdog/expired`` to each writer of the loop, each given a few seconds (the
         loop's thread is stuck: a writer might be the culprit)."""
-        writers = []
-        for _, callbacks in self.loop_state.inputs.tasks:
-            for callback in callbacks:
-                fn = getattr(callback, "fn", callback)
-                for owner in (fn, getattr(fn, "__self__", None)):
-                    if (
-                        isinstance(owner, WriterLogger)
-                        and writes_here(owner.process)
-                        and owner not in writers
-                    ):
-                        writers.append(owner)
+        tasks = self.loop_state.inputs.tasks
+        fns = [getattr(callback, "fn", callback) for _, cbs in tasks for callback in cbs]
+        writers = [o for o in owners(fns) if isinstance(o, WriterLogger) and writes_here(o.process)]
         for logger in writers:
             writer = logger.metric_writer
 
