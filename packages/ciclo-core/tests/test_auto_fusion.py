@@ -84,6 +84,21 @@ def test_time_spent_compiling_is_left_out(monkeypatch):
     assert auto.k == _auto.MAX_STEPS
 
 
+def test_a_k_kept_in_a_busy_moment_is_measured_again(monkeypatch):
+    # For the first second dispatch looks like a small share (a busy host): K = 1 is kept;
+    # measured again 10 s later, the step fuses.
+    def now():
+        return _auto.time.perf_counter()
+
+    def per_step(k):
+        return 1e-3 if now() < 1.0 else (40e-6 + 1e-6 * k) / k
+
+    chosen, auto = drive(monkeypatch, per_step, lambda k: 30e-6 if now() < 1.0 else 40e-6, 20.0)
+    assert chosen[0] == 1
+    assert _auto.REPROBE_SECONDS < 20.0
+    assert auto.k == _auto.MAX_STEPS
+
+
 def test_fusing_stops_once_dispatch_no_longer_dominates(monkeypatch):
     # 40 us of dispatch, 12 us of compute per step: at K = 16 dispatch is 17% of the time.
     chosen, auto = drive(monkeypatch, lambda k: (40e-6 + 12e-6 * k) / k, lambda k: 40e-6)

@@ -4,10 +4,11 @@ A :class:`AutoFusion` per step and strategy measures, while the loop runs, the t
 step and the share of it the host spends dispatching the step. While dispatch takes more
 than :data:`DISPATCH_SHARE` of the time, it doubles K (1, 2, 4, ... :data:`MAX_STEPS`); once
 dispatch no longer dominates, or :data:`MISSES` doublings in a row did not make a step at
-least ``1 - GAIN`` faster than the fastest K so far, it keeps that fastest K. A large step's
-dispatch is a small share from the first measurement, so it keeps K = 1 and never compiles
-a fused call. Groups cut short by a schedule run as calls of powers of 2
-(:func:`power_of_2_parts`), so at most ``log2(MAX_STEPS) + 1`` fused programs are compiled.
+least ``1 - GAIN`` faster than the fastest K so far, it keeps that fastest K (and measures
+again from it every :data:`REPROBE_SECONDS`). A large step's dispatch is a small share from
+the first measurement, so it keeps K = 1 and never compiles a fused call. Groups cut short
+by a schedule run as calls of powers of 2 (:func:`power_of_2_parts`), so at most
+``log2(MAX_STEPS) + 1`` fused programs are compiled.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ MISSES = 3
 WINDOW_SECONDS = 0.02
 WINDOW_CALLS = 4
 WINDOWS = 3
+#: A K kept is measured again after this many seconds (a busy moment may have chosen it).
+REPROBE_SECONDS = 10.0
 
 
 #: Seconds JAX spent tracing and compiling in this process, counted once a controller exists:
@@ -78,6 +81,7 @@ class AutoFusion:
         "k",
         "loop",
         "misses",
+        "reprobe_at",
         "settled",
         "skip",
         "start",
@@ -93,6 +97,7 @@ class AutoFusion:
         self.settled = False
         self.best, self.best_k = float("inf"), 1  # the fastest seconds per step, and its K
         self.misses = 0  # doublings since the best that did not pay
+        self.reprobe_at = 0.0  # when a settled K is measured again
         self.loop = 0  # id() of the loop whose steps are being measured
         self.skip = 0  # groups to let pass before measuring (the first compiles)
         self.start = 0.0
@@ -106,9 +111,15 @@ class AutoFusion:
         (and once before its first batch, when the answer says only whether it may fuse)."""
         if loop_state.batch is None:
             return MAX_STEPS
+        now = time.perf_counter()
         if self.settled:
-            return self.k
-        now, steps = time.perf_counter(), loop_state.elapsed.steps
+            if now < self.reprobe_at:
+                return self.k
+            # measured again from this K: a busy moment may have decided (a large step
+            # settles again at once, without compiling anything)
+            self.settled, self.best, self.misses, self.windows = False, float("inf"), 0, []
+            self.loop = 0
+        steps = loop_state.elapsed.steps
         if id(loop_state) != self.loop:  # a new loop: its first step may compile
             self.loop, self.skip = id(loop_state), 2
         if self.skip:  # the measurement starts once the groups before it ran
@@ -135,6 +146,7 @@ class AutoFusion:
             self.misses += 1
         if share <= DISPATCH_SHARE or self.k >= MAX_STEPS or self.misses == MISSES:
             self.k, self.settled = self.best_k, True
+            self.reprobe_at = time.perf_counter() + REPROBE_SECONDS
         else:
             self.k *= 2
             self.skip = 2  # the first group of the new K compiles it
