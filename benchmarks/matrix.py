@@ -12,7 +12,8 @@ rounds (the two runs of a round share its load). Workloads (scikit-learn's digit
 
 each as a plain ``jax.jit`` step (its state a dict of params and optax state) and as a
 managed step (``ciclo.managed.train_step``; the hand loop calls it directly). Managed rows
-also run ``steps_per_call="auto"`` when this ciclo has it (its ratio to the same hand loop).
+also run ``steps_per_call="auto"`` when this ciclo has it (its ratio to the same hand loop;
+on 2 processes auto keeps K = 1, so that row shows what its bookkeeping costs).
 
 Settings: one process ("quiet": whatever else the machine runs); one process while two
 other processes spin on both cores ("busy": the same load for both loops of a round); and

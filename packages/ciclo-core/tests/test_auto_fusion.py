@@ -148,6 +148,18 @@ class Spy:
         monkeypatch.setattr(_step, "power_of_2_parts", spy)
 
 
+def test_with_several_processes_auto_keeps_k_1(monkeypatch):
+    # Each process would pick its own K, and fused calls of several processes must match.
+    monkeypatch.setattr(_auto.jax, "process_count", lambda: 2)
+    spy = Spy(monkeypatch)
+    batches = make_batches(steps=12)
+    _, history, _ = ciclo.loop(
+        make_state("jit", steps_per_call="auto"), batches, {ciclo.every(1): regression_step}
+    )
+    assert spy.groups == []
+    assert len(history) == 12
+
+
 @pytest.fixture
 def forced_k(monkeypatch):
     monkeypatch.setattr(_auto.AutoFusion, "steps", lambda self, loop_state: 8)

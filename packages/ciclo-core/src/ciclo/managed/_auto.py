@@ -8,7 +8,8 @@ least ``1 - GAIN`` faster than the fastest K so far, it keeps that fastest K (an
 again from it every :data:`REPROBE_SECONDS`). A large step's dispatch is a small share from
 the first measurement, so it keeps K = 1 and never compiles a fused call. Groups cut short
 by a schedule run as calls of powers of 2 (:func:`power_of_2_parts`), so at most
-``log2(MAX_STEPS) + 1`` fused programs are compiled.
+``log2(MAX_STEPS) + 1`` fused programs are compiled. With several processes, K stays 1:
+each process would measure its own, and their fused calls must match.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class AutoFusion:
     """
 
     __slots__ = (
+        "alone",
         "best",
         "best_k",
         "compiled",
@@ -93,6 +95,9 @@ class AutoFusion:
         if not _listening:
             jax.monitoring.register_event_duration_secs_listener(_count_compiles)
             _listening.append(True)
+        # With several processes, their groups must match (a fused call runs each step's
+        # collectives): K stays 1 (a fixed K is the same everywhere).
+        self.alone = jax.process_count() == 1
         self.k = 1
         self.settled = False
         self.best, self.best_k = float("inf"), 1  # the fastest seconds per step, and its K
@@ -109,6 +114,8 @@ class AutoFusion:
     def steps(self, loop_state: Any) -> int:
         """K for the group starting at this step: the loop asks it at each group's start
         (and once before its first batch, when the answer says only whether it may fuse)."""
+        if self.alone is False:  # several processes: each would pick its own K
+            return 1
         if loop_state.batch is None:
             return MAX_STEPS
         now = time.perf_counter()
