@@ -92,4 +92,9 @@ from .callbacks._watchdog import watchdog as watchdog
 from .callbacks._writers import WriterLogger as WriterLogger
 from .callbacks._writers import writer_logger as writer_logger
 
+# Fine-tuning (issue 42)
+from ._weights._load import load_weights as load_weights
+from ._weights._load import weights_plan as weights_plan
+from ._weights._plan import WeightsPlan as WeightsPlan
+
 __version__ = "0.1.0"

@@ -366,7 +366,7 @@ BATCH_OPTIONS = ("inputs_key", "targets_key", "sample_weight_key")
 
 #: The options of :meth:`ciclo.managed.ManagedState.create` every adapter's
 #: ``create_state`` passes on as ``**options``: mixed precision and averaged weights.
-STATE_OPTIONS = ("compute_dtype", "loss_scale", "ema")
+STATE_OPTIONS = ("compute_dtype", "loss_scale", "ema", "trainable")
 
 
 def check_options(
