@@ -176,9 +176,9 @@ def test_an_nnx_filter_selects_what_trains():
 WORKER = Path(__file__).parent / "fine_tuning_run.py"
 
 
-def run(directory: Path, kill_at: int | None = None) -> dict[str, str]:
-    """The two-phase run of ``fine_tuning_run.py``; killed (SIGKILL) when it prints
-    ``kill_at``'s step, else to its end, its final params' hashes read from stdout."""
+def run(directory: Path, kill_at: str | None = None) -> tuple[dict[str, str], list[str]]:
+    """The two-phase run of ``fine_tuning_run.py``: its final params' hashes and the steps
+    it ran (``"frozen 0"``...); killed (SIGKILL) when it prints step ``kill_at``."""
     process = subprocess.Popen(
         [sys.executable, str(WORKER), str(directory)],
         stdout=subprocess.PIPE,
@@ -188,27 +188,35 @@ def run(directory: Path, kill_at: int | None = None) -> dict[str, str]:
     )
     assert process.stdout is not None
     result: dict[str, str] = {}
+    steps: list[str] = []
     for line in process.stdout:
-        if kill_at is not None and line.startswith(f"step {kill_at}"):
-            process.send_signal(signal.SIGKILL)
-            process.communicate(timeout=60)
-            return {}
+        if line.startswith("step "):
+            steps.append(line.split(" ", 1)[1].strip())
+            if steps[-1] == kill_at:
+                process.send_signal(signal.SIGKILL)
+                process.communicate(timeout=60)
+                return {}, steps
         if line.startswith("final "):
             _, name, digest = line.split()
             result[name] = digest
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr
-    return result
+    return result, steps
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    return run(tmp_path_factory.mktemp("reference"))
+    return run(tmp_path_factory.mktemp("reference"))[0]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_at", ["frozen 5", "unfrozen 4"])
 def test_a_kill_in_either_phase_resumes_bit_for_bit(tmp_path, kill_at, reference):
     assert len(reference) == 4
-    assert run(tmp_path / "killed", kill_at=kill_at) == {}
-    assert run(tmp_path / "killed") == reference
+    assert run(tmp_path / "killed", kill_at=kill_at)[0] == {}
+    resumed, steps = run(tmp_path / "killed")
+    assert resumed == reference
+    # it went on from a checkpoint of the killed phase (not from its start)
+    phase = kill_at.split()[0]
+    assert f"{phase} 0" not in steps
+    assert steps[0].startswith(phase)

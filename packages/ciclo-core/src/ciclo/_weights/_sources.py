@@ -97,9 +97,10 @@ def _from_orbax(path: str, prefix: str = "") -> Source:
     """A plain Orbax pytree checkpoint (``ocp.StandardCheckpointer``'s), or the part of it
     under ``prefix``."""
     import orbax.checkpoint as ocp
+    from etils import epath
 
-    handler = ocp.PyTreeCheckpointer()
-    tree = handler.metadata(path).item_metadata.tree
+    handler, directory = ocp.PyTreeCheckpointHandler(), epath.Path(path)
+    tree = handler.metadata(directory).tree
     found = {
         param_name(p)[len(prefix) :]: (p, m)
         for p, m in jax.tree_util.tree_flatten_with_path(tree)[0]
@@ -118,7 +119,7 @@ def _from_orbax(path: str, prefix: str = "") -> Source:
 
         item = jax.tree_util.tree_map_with_path(target, tree)
         args = ocp.checkpoint_utils.construct_restore_args(item)
-        restored = handler.restore(path, args=ocp.args.PyTreeRestore(item, restore_args=args))
+        restored = handler.restore(directory, args=ocp.args.PyTreeRestore(item, restore_args=args))
         values = dict(jax.tree_util.tree_flatten_with_path(restored)[0])
         return {name: values[found[name][0]] for name in wanted}
 
