@@ -97,7 +97,7 @@ def _from_orbax(path: str, prefix: str = "") -> Source:
     """A plain Orbax pytree checkpoint (``ocp.StandardCheckpointer``'s), or the part of it
     under ``prefix``."""
     import orbax.checkpoint as ocp
-    from etils import epath
+    from etils import epath  # type: ignore[import-untyped]
 
     handler, directory = ocp.PyTreeCheckpointHandler(), epath.Path(path)
     tree = handler.metadata(directory).tree
