@@ -4,6 +4,8 @@ format, the policies and their errors, the plan, placement on 8 simulated device
 
 from __future__ import annotations
 
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -157,7 +159,9 @@ def test_a_missing_weight_is_an_error_never_zeros():
 def test_unexpected_and_mismatched_name_every_path():
     source = params(1, head=10)
     source["extra"] = {"w": jnp.ones(3), "v": jnp.ones(2)}
-    with pytest.raises(ValueError, match=r"2 unexpected .*: extra/v, extra/w\. .*'ignore'"):
+    with pytest.raises(
+        ValueError, match=r"2 unexpected .*: extra/v, extra/w\. .*unexpected='keep'"
+    ):
         ciclo.load_weights(make_state(), source)
     with pytest.raises(
         ValueError, match=r"1 mismatched .*head/kernel: state \(16, 2\) float32, source \(16, 10\)"
@@ -206,7 +210,7 @@ def test_transform_renames_by_regex_or_function():
         unexpected="ignore",
     )
     assert "pooler.weight" in plan.ignored
-    with pytest.raises(ValueError, match="maps 'a' and 'b' to 'head/kernel'"):
+    with pytest.raises(ValueError, match="maps 'a', 'b' to 'head/kernel'"):
         ciclo.weights_plan(make_state(), {"a": 1.0, "b": 2.0}, transform=lambda n: "head/kernel")
 
 
@@ -220,6 +224,16 @@ def test_bad_arguments_name_the_culprit(tmp_path):
     (tmp_path / "w.txt").write_text("")
     with pytest.raises(ValueError, match="no ciclo or Orbax checkpoint directory"):
         ciclo.load_weights(make_state(), tmp_path / "w.txt")
+
+
+@pytest.mark.parametrize(
+    ("module", "suffix"), [("flax", "msgpack"), ("safetensors", "safetensors")]
+)
+def test_a_reader_not_installed_says_what_to_install(tmp_path, monkeypatch, module, suffix):
+    monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
+    (tmp_path / f"w.{suffix}").write_bytes(b"")
+    with pytest.raises(ImportError, match=rf"w\.{suffix}' needs .*pip install"):
+        ciclo.load_weights(make_state(), tmp_path / f"w.{suffix}")
 
 
 # --- placement ----------------------------------------------------------------------------

@@ -20,15 +20,8 @@ from ._sources import Source, open_source
 __all__ = ["load_weights", "weights_plan"]
 
 S = TypeVar("S", bound=ManagedState)
-#: A function of a source's name (the state's name, or ``None`` to leave it out), or
-#: ``{regex: replacement}`` applied in order with ``re.sub``.
 Transform = Callable[[str], str | None] | Mapping[str, str] | None
 _POLICIES = ("error", "keep", "ignore")
-_FIX = {
-    "missing": "missing='keep' keeps their initialization",
-    "unexpected": "unexpected='ignore' leaves them out",
-    "mismatched": "mismatched='keep' keeps the state's own",
-}
 
 
 def _rename(name: str, transform: Transform) -> str | None:
@@ -53,44 +46,37 @@ def _plan(
     if not opened.shapes:
         raise ValueError(f"load_weights: {source!r} holds no {use!r} arrays.")
     targets = named_leaves(state.params)
-    sources: dict[str, str] = {}
-    ignored: list[str] = []
+    sources: dict[str, str] = {}  # the state's name: the source's
+    ignored = [name for name in opened.shapes if _rename(name, transform) is None]
     for name in opened.shapes:
-        new = _rename(name, transform)
-        if new is None:
-            ignored.append(name)
-        elif new in sources:
-            raise ValueError(
-                f"load_weights: transform maps {sources[new]!r} and {name!r} to {new!r}."
-            )
-        else:
+        if (new := _rename(name, transform)) in sources:
+            raise ValueError(f"load_weights: transform maps {sources[new]!r}, {name!r} to {new!r}.")
+        if new is not None:
             sources[new] = name
-    found = {
+    found: dict[str, list[str]] = {
         "missing": [t for t in targets if t not in sources],
         "unexpected": [sources[t] for t in sources if t not in targets],
         "mismatched": [],
     }
-    loaded, cast = [], []
-    for name, leaf in targets.items():
-        if name not in sources:
-            continue
-        saved = opened.shapes[sources[name]]
+    loaded, cast, bad = [], [], []
+    for name in (t for t in targets if t in sources):
+        leaf, saved = targets[name], opened.shapes[sources[name]]
         if saved.shape != leaf.shape or jnp.promote_types(saved.dtype, leaf.dtype) != leaf.dtype:
+            bad.append(name)
             found["mismatched"].append(
                 f"{name}: state {leaf.shape} {leaf.dtype}, source {saved.shape} {saved.dtype}"
             )
-            continue
-        loaded.append(name)
-        if saved.dtype != leaf.dtype:
-            cast.append(f"{name}: {saved.dtype} -> {leaf.dtype}")
+        else:
+            loaded.append(name)
+            if saved.dtype != leaf.dtype:
+                cast.append(f"{name}: {saved.dtype} -> {leaf.dtype}")
     for kind, names in found.items():
         if names and policies[kind] == "error":
-            where = f"{source!r}" if isinstance(source, str | os.PathLike) else "the source"
+            where = repr(source) if isinstance(source, str | os.PathLike) else "the source"
             raise ValueError(
                 f"load_weights: {len(names)} {kind} in {where}: {', '.join(names)}. Rename with "
-                f"transform=, or {_FIX[kind]}."
+                f"transform=, or pass {kind}='keep' (the state keeps its own)."
             )
-    bad = [m.split(":")[0] for m in found["mismatched"]]
     plan = WeightsPlan(
         loaded=loaded,
         kept=found["missing"] + bad,
@@ -142,11 +128,9 @@ def load_weights(
     step: int | None = None,
 ) -> S:
     """A new state whose parameters come from ``source``, matched by name (the
-    ``/``-joined path, ``"encoder/layers/0/kernel"``), each array placed on the sharding of
-    the state's (read by parts where the source allows); the plan is printed. The
-    optimizer state is built anew for them (``tx.init``; ``trainable=`` kept), ``step``
-    is 0, averaged weights (``ema=``) start from them. Other fields (batch statistics)
-    are the state's own.
+    ``/``-joined path, ``"encoder/layers/0/kernel"``), each placed on the sharding of the
+    state's (read by parts where the source allows); prints the plan. The optimizer state
+    is new (``tx.init``), ``step`` 0, ``ema_params`` the loaded ones; other fields stay.
 
     Args:
         state: a ciclo state (``create_state``, ``ManagedState.create``) to load into.
@@ -155,10 +139,10 @@ def load_weights(
             a pytree of arrays, or another state.
         transform: renames the source's names to the state's: a function (``None``
             leaves a name out) or ``{regex: replacement}``, applied in order.
-        missing, unexpected, mismatched: what to do with parameters of the state not in
-            the source, of the source not in the state, and of another shape or of a
-            dtype that does not widen to the state's: ``"error"`` (naming them all),
-            ``"keep"`` or ``"ignore"`` (the same: the state keeps its own, listed).
+        missing, unexpected, mismatched: parameters of the state not in the source, of
+            the source not in the state, of another shape or a dtype that does not widen:
+            ``"error"`` (naming them all), ``"keep"`` or ``"ignore"`` (the same: the
+            state keeps its own; the plan lists them).
         use: the field read from a ciclo checkpoint or a state: ``"params"`` or
             ``"ema_params"`` (the averaged weights).
         step: the checkpoint of a ciclo checkpoint directory (default: the newest).

@@ -50,7 +50,10 @@ def _from_tree(tree: Any) -> Source:
 
 
 def _from_safetensors(path: str) -> Source:
-    from safetensors import safe_open
+    try:
+        from safetensors import safe_open
+    except ImportError as error:
+        raise ImportError(f"reading {path!r} needs pip install ciclo-core[safetensors].") from error
 
     with safe_open(path, framework="numpy") as file:
         shapes = {
@@ -111,11 +114,13 @@ def _from_orbax(path: str, prefix: str = "") -> Source:
     def read(wanted: dict[str, Any]) -> dict[str, jax.Array]:
         by_path = {found[name][0]: target for name, target in wanted.items()}
 
-        def target(path: Any, meta: Any) -> Any:
-            if path not in by_path:
-                return ocp.PLACEHOLDER
-            t = by_path[path]
-            return jax.ShapeDtypeStruct(t.shape, t.dtype, sharding=t.sharding)  # type: ignore[no-untyped-call]
+        def target(path: Any, _: Any) -> Any:
+            t = by_path.get(path)  # the others are not read
+            return (
+                ocp.PLACEHOLDER
+                if t is None
+                else jax.ShapeDtypeStruct(t.shape, t.dtype, sharding=t.sharding)
+            )  # type: ignore[no-untyped-call]
 
         item = jax.tree_util.tree_map_with_path(target, tree)
         args = ocp.checkpoint_utils.construct_restore_args(item)

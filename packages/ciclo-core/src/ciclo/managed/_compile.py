@@ -14,7 +14,7 @@ from .._records._aggregate import merge_micro_logs
 from .._records._logs import Logs
 from ._precision import apply_scaled_gradients, run_in_compute_dtype, scale_loss, unscale_gradients
 from ._strategies import Strategy
-from ._trainable import full_gradients, trainable_mask, trainable_part, with_part
+from ._trainable import trainable_mask, trainable_part, with_part
 
 __all__ = ["StepFunction", "step_body", "fuse"]
 
@@ -82,7 +82,7 @@ def _gradients(
     gradient = jax.grad(objective, has_aux=True)
     if micro_steps == 1:
         grads, (logs, new_state) = gradient(part, state, batch)
-        grads = full_gradients(state.params, mask, grads)
+        grads = with_part(state.params, mask, grads, jnp.zeros_like)  # frozen: zeros
         return unscale_gradients(state, grads), logs, new_state
 
     micro_batches, rows = _split_batch(name, batch, micro_steps)
@@ -94,7 +94,9 @@ def _gradients(
 
     zeros = jax.tree.map(jnp.zeros_like, part)
     (total, new_state), logs = jax.lax.scan(accumulate, (zeros, state), micro_batches)
-    grads = full_gradients(state.params, mask, jax.tree.map(lambda g: g / micro_steps, total))
+    grads = with_part(
+        state.params, mask, jax.tree.map(lambda g: g / micro_steps, total), jnp.zeros_like
+    )
     return unscale_gradients(state, grads), merge_micro_logs(logs, rows), new_state
 
 

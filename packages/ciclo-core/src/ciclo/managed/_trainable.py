@@ -9,21 +9,12 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import optax  # type: ignore[import-untyped]
 
 from ._sharding import key_path
 
-__all__ = [
-    "full_gradients",
-    "keep_frozen",
-    "masked_optimizer",
-    "named_leaves",
-    "param_name",
-    "trainable_mask",
-    "trainable_part",
-    "with_part",
-]
+__all__ = ["keep_frozen", "masked_optimizer", "named_leaves", "param_name", "trainable_mask"]
+__all__ += ["trainable_part", "with_part"]
 
 #: A mask over the leaves of ``params`` (``True``: trained), or ``None``: all are trained.
 Mask = tuple[bool, ...] | None
@@ -103,11 +94,6 @@ def with_part(params: Any, mask: Mask, part: Any, fill: Callable[[Any], Any] | N
         next(trained) if m else (fill(x) if fill else x) for x, m in zip(leaves, mask, strict=True)
     ]
     return jax.tree_util.tree_unflatten(treedef, chosen)
-
-
-def full_gradients(params: Any, mask: Mask, grads: Any) -> Any:
-    """Gradients of the :func:`trainable_part` as a tree like ``params`` (frozen: zeros)."""
-    return with_part(params, mask, grads, jnp.zeros_like)
 
 
 def keep_frozen(mask: Mask, new: Any, old: Any) -> Any:
