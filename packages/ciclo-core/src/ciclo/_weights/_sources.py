@@ -116,11 +116,9 @@ def _from_orbax(path: str, prefix: str = "") -> Source:
 
         def target(path: Any, _: Any) -> Any:
             t = by_path.get(path)  # the others are not read
-            return (
-                ocp.PLACEHOLDER
-                if t is None
-                else jax.ShapeDtypeStruct(t.shape, t.dtype, sharding=t.sharding)
-            )  # type: ignore[no-untyped-call]
+            if t is None:
+                return ocp.PLACEHOLDER
+            return jax.ShapeDtypeStruct(t.shape, t.dtype, sharding=t.sharding)  # type: ignore[no-untyped-call]
 
         item = jax.tree_util.tree_map_with_path(target, tree)
         args = ocp.checkpoint_utils.construct_restore_args(item)
