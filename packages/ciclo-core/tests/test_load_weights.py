@@ -322,3 +322,17 @@ def test_load_weights_keeps_trainable_and_rebuilds_its_optimizer_state():
     loaded = ciclo.load_weights(state, params(1))
     assert loaded.trainable == "^head/"
     assert bits_equal(loaded.opt_state, state.opt_state)  # init of the head's moments
+
+
+def test_a_sharded_state_trains_its_head_alone():
+    state = make_state(head=8, strategy="fsdp", trainable="^head/")
+    adam = state.opt_state.inner_states["train"].inner_state[0]
+    kernel = state.params["head"]["kernel"]
+    assert (
+        adam.mu["head"]["kernel"].sharding == adam.nu["head"]["kernel"].sharding == kernel.sharding
+    )
+    _, trained = train_step(state, (jnp.ones((8, 8)), jnp.zeros((8, 8))))
+    assert bits_equal(trained.params["body"], state.params["body"])
+    assert not bits_equal(trained.params["head"], state.params["head"])
+    shardings = [x.sharding for x in jax.tree.leaves(state.params)]
+    assert [x.sharding for x in jax.tree.leaves(trained.params)] == shardings
