@@ -66,6 +66,11 @@ from ._time._schedules import always as always
 from ._time._schedules import every as every
 from ._time._schedules import never as never
 from ._time._schedules import piecewise as piecewise
+
+# Fine-tuning (issue 42)
+from ._weights._load import load_weights as load_weights
+from ._weights._load import weights_plan as weights_plan
+from ._weights._plan import WeightsPlan as WeightsPlan
 from .callbacks._early_stopping import EarlyStopping as EarlyStopping
 from .callbacks._early_stopping import TerminateOnNaN as TerminateOnNaN
 from .callbacks._early_stopping import early_stopping as early_stopping
@@ -91,10 +96,5 @@ from .callbacks._watchdog import Watchdog as Watchdog
 from .callbacks._watchdog import watchdog as watchdog
 from .callbacks._writers import WriterLogger as WriterLogger
 from .callbacks._writers import writer_logger as writer_logger
-
-# Fine-tuning (issue 42)
-from ._weights._load import load_weights as load_weights
-from ._weights._load import weights_plan as weights_plan
-from ._weights._plan import WeightsPlan as WeightsPlan
 
 __version__ = "0.1.0"
