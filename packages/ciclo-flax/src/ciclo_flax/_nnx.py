@@ -140,7 +140,8 @@ def create_nnx_state(
         rngs_arg: a ``__call__`` argument given an ``nnx.Rngs`` at call time (``"auto"``
             finds ``rngs``; ``None`` passes none).
         **options: the options of every adapter (the keys of dict batches, mixed precision,
-            averaged weights, ``trainable``: a regex, a function of names or an ``nnx`` filter), listed once in :func:`ciclo.adapters.check_options`.
+            averaged weights, ``trainable``: here also an ``nnx`` filter), listed once in
+            :func:`ciclo.adapters.check_options`.
 
     Returns:
         An :class:`NNXState`.
