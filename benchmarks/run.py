@@ -38,6 +38,7 @@ SCRIPTS = [
     "placement.py",
     "multihost_agreement.py",
     "language_model.py",
+    "matrix.py",  # writes its own section of RESULTS.md (kept by the rewrite below)
 ]
 
 
@@ -131,6 +132,18 @@ def _merge(text: str, rows: list[dict], note: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _matrix_section(results: Path) -> list[str]:
+    """The section ``matrix.py`` wrote into ``results`` (empty if none)."""
+    text = results.read_text().splitlines() if results.exists() else []
+    start = next((i for i, line in enumerate(text) if line.startswith("## The matrix")), None)
+    if start is None:
+        return []
+    end = next((i for i in range(start + 1, len(text)) if text[i].startswith("## ")), len(text))
+    while end > start and not text[end - 1]:
+        end -= 1
+    return text[start:end]
+
+
 def lines_section(lines: list[str]) -> str:
     """The heading of the section the last of ``lines`` is in."""
     return next((line for line in reversed(lines) if line.startswith("## ")), "")
@@ -210,6 +223,7 @@ def main() -> None:
     info = machine_info()
     info["load average before"] = load_before
     info["load average after"] = _load()
+    matrix = _matrix_section(results)
     lines = ["# Benchmark results", "", "Written by `nox -s bench` (`benchmarks/run.py`).", ""]
     lines += [f"- {k}: {v}" for k, v in info.items()]
     lines += ["", "## Timings (medians of alternating runs in one process)", ""]
@@ -219,6 +233,8 @@ def main() -> None:
         lines += ["", "## Other measurements", ""]
         for r in other:
             lines.append("- " + ", ".join(f"{k}: {v}" for k, v in r.items()))
+    if matrix:
+        lines += ["", *matrix]
     gpu = gpu_section(HERE / "RESULTS_gpu.md")
     if gpu:
         lines += ["", *gpu[:-1]]

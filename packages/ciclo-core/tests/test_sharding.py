@@ -184,7 +184,7 @@ def test_extra_fields_are_matched_by_their_own_name():
     state = ManagedState.create(
         params=init_params(),
         tx=TX,
-        table=table,
+        extra={"table": table},  # table= alone is a close match of trainable=
         strategy=ciclo.managed.sharded(mesh_2x4(), [("^table$", P("model"))]),
     )
     assert state.table.sharding.spec == P("model")

@@ -59,6 +59,8 @@ from ._records._history import History, history
 from ._records._logs import Logs, logs
 from ._time._elapsed import Elapsed, Period, at, elapse
 from ._time._schedules import NamedSchedule, Schedule, after, always, every, never, piecewise
+from ._weights._load import load_weights, weights_plan
+from ._weights._plan import WeightsPlan
 from .callbacks._early_stopping import early_stopping, terminate_on_nan
 from .callbacks._goodput import goodput
 from .callbacks._inner_loop import inner_loop
@@ -94,6 +96,8 @@ __all__ = [
     "throughput", "profiler", "goodput", "watchdog", "checkpoint", "rollback_on_nan",
     # checkpoints and data
     "restore", "restore_best", "Restored", "lazy_state", "stateful_dataset",
+    # fine-tuning
+    "load_weights", "weights_plan", "WeightsPlan",
     # states of the framework adapters
     "create_state", "create_flax_state", "create_nnx_state", "create_haiku_state",
     "create_equinox_state",

@@ -68,6 +68,12 @@ class NNXState(AdapterState):
         """The model with the state's parameters and model state (a new object)."""
         return nnx.merge(self.graphdef, self.params, self.model_state)
 
+    def with_trainable(self, trainable: Any) -> NNXState:
+        """:meth:`ciclo.managed.ManagedState.with_trainable`, also with an ``nnx`` filter."""
+        if _is_nnx_filter(trainable):
+            trainable = _names_of(self.params, trainable)
+        return super().with_trainable(trainable)
+
     def apply(
         self, params: Any, model_state: Any, inputs: Any, *, training: bool, key: jax.Array | None
     ) -> tuple[Any, Any, ciclo.Logs]:
@@ -134,7 +140,8 @@ def create_nnx_state(
         rngs_arg: a ``__call__`` argument given an ``nnx.Rngs`` at call time (``"auto"``
             finds ``rngs``; ``None`` passes none).
         **options: the options of every adapter (the keys of dict batches, mixed precision,
-            averaged weights), listed once in :func:`ciclo.adapters.check_options`.
+            averaged weights, ``trainable``: here also an ``nnx`` filter), listed once in
+            :func:`ciclo.adapters.check_options`.
 
     Returns:
         An :class:`NNXState`.
@@ -171,6 +178,8 @@ def create_nnx_state(
             f"{name} has no variables matching wrt={wrt!r}, so there is nothing to train. "
             f"Check the filter (default nnx.Param)."
         )
+    if _is_nnx_filter(options.get("trainable")):
+        options["trainable"] = _names_of(params, options["trainable"])
     streams = sorted(
         {node.tag for _, node in nnx.iter_graph(model) if isinstance(node, nnx.RngStream)}
     )
@@ -189,3 +198,20 @@ def create_nnx_state(
         rngs_arg=call_rngs,
         **options,
     )
+
+
+def _is_nnx_filter(value: Any) -> bool:
+    """An ``nnx`` filter (a Variable type, ``nnx.PathContains(...)``...), not a regex or a
+    function of names, which ``ManagedState.create`` reads itself."""
+    return isinstance(value, type | tuple | list) or type(value).__module__.startswith("flax.")
+
+
+def _names_of(params: Any, where: Any) -> Any:
+    """The function of names that selects what the ``nnx`` filter ``where`` selects."""
+    selects = nnx.filterlib.to_predicate(where)
+    chosen = frozenset(
+        "/".join(map(str, path))
+        for path, value in nnx.to_flat_state(params)
+        if selects(path, value)
+    )
+    return chosen.__contains__

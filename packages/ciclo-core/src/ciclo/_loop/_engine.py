@@ -47,8 +47,10 @@ def run(
     then counts every batch drawn.
 
     Tasks holding a fusable callback that asks for several steps per call (K > 1) when the
-    loop starts group its consecutive steps (see :func:`ciclo.loop`); a fusable callback
-    whose K becomes larger than 1 later runs one step per call.
+    loop starts (asked before the first batch: ``loop_state.batch`` is None; the managed
+    steps' ``steps_per_call="auto"`` answers its largest K there) group its consecutive
+    steps (see :func:`ciclo.loop`); a fusable callback whose K becomes larger than 1 later
+    runs one step per call.
 
     ``phases``: the record a ledger or a watchdog reads (``ciclo._time._phases``), given
     by the outermost loop that holds it: each batch drawn and each step done is marked.

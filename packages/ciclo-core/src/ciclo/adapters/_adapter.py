@@ -74,8 +74,8 @@ STATIC = {"static": True}
 BATCH_OPTIONS = ("inputs_key", "targets_key", "sample_weight_key")
 
 #: The options of :meth:`ciclo.managed.ManagedState.create` every adapter's
-#: ``create_state`` passes on as ``**options``: mixed precision and averaged weights.
-STATE_OPTIONS = ("compute_dtype", "loss_scale", "ema")
+#: ``create_state`` passes on as ``**options``: mixed precision, averaged weights, trainable=.
+STATE_OPTIONS = ("compute_dtype", "loss_scale", "ema", "trainable")
 
 
 def check_options(
@@ -89,9 +89,9 @@ def check_options(
     The options every adapter's ``create_state`` takes and passes on (the adapters' docs
     point here): ``inputs_key``, ``targets_key``, ``sample_weight_key`` for dict batches
     (:meth:`AdapterState.create`); ``compute_dtype`` (mixed precision, e.g.
-    ``jnp.bfloat16``), ``loss_scale`` (for float16) and ``ema`` (a decay: keep
-    ``ema_params``, evaluated as ``*_test_ema``), as in
-    :meth:`ciclo.managed.ManagedState.create`.
+    ``jnp.bfloat16``), ``loss_scale`` (for float16), ``ema`` (a decay: keep
+    ``ema_params``, evaluated as ``*_test_ema``) and ``trainable`` (which params train: a
+    regex or a function of their names), as in :meth:`ciclo.managed.ManagedState.create`.
 
     Args:
         options: the keyword arguments ``factory`` received in ``**options``.

@@ -244,7 +244,10 @@ class _Bar(LoopCallbackBase):
             self._means.keep(loop_state)  # by hand: no history keeps the values
         if self.total_from_loop:
             self._read_total(loop_state)
-        final = self._count_after_step(loop_state) >= self.total
+        if self.unit == "steps":  # _count_after_step, inlined (once per step)
+            final = loop_state.elapsed.steps + (loop_state.batch is not None) >= self.total
+        else:
+            final = self._count_after_step(loop_state) >= self.total
         if not final and self._origin is not None and _time.monotonic() < self._next_check:
             return  # update's common case, inlined: not due yet
         self.update(loop_state, final=final, training=True)

@@ -14,6 +14,7 @@ from .._records._aggregate import merge_micro_logs
 from .._records._logs import Logs
 from ._precision import apply_scaled_gradients, run_in_compute_dtype, scale_loss, unscale_gradients
 from ._strategies import Strategy
+from ._trainable import trainable_mask, trainable_part, with_part
 
 __all__ = ["StepFunction", "step_body", "fuse"]
 
@@ -65,29 +66,37 @@ def _gradients(
     """Gradients of the total loss w.r.t. ``params``, the logs and the new state; with
     ``micro_steps > 1`` the mean over that many micro-batches of ``batch``."""
 
-    def objective(params: Any, current: Any, batch: Any) -> tuple[jax.Array, Any]:
+    # Only the trainable part is differentiated (trainable=): frozen params are constants.
+    mask = trainable_mask(state.params, getattr(state, "trainable", None))
+    part = trainable_part(state.params, mask)
+
+    def objective(part: Any, current: Any, batch: Any) -> tuple[jax.Array, Any]:
         # Under a compute_dtype, the cast of params is inside what is differentiated:
         # the gradients are taken w.r.t. (and come back in the dtype of) params.
+        params = with_part(state.params, mask, part)
         logs, new_state = run_in_compute_dtype(run, current.replace(params=params), batch)
         loss = scale_loss(state, _total_loss(name, logs))
         return loss, (logs, new_state.replace(params=state.params))
 
-    _check_real_params(name, state.params)
+    _check_real_params(name, part)
     gradient = jax.grad(objective, has_aux=True)
     if micro_steps == 1:
-        grads, (logs, new_state) = gradient(state.params, state, batch)
+        grads, (logs, new_state) = gradient(part, state, batch)
+        grads = with_part(state.params, mask, grads, jnp.zeros_like)  # frozen: zeros
         return unscale_gradients(state, grads), logs, new_state
 
     micro_batches, rows = _split_batch(name, batch, micro_steps)
 
     def accumulate(carry: Any, micro_batch: Any) -> tuple[Any, Logs]:
         total, current = carry
-        grads, (logs, new_state) = gradient(state.params, current, micro_batch)
+        grads, (logs, new_state) = gradient(part, current, micro_batch)
         return (jax.tree.map(jnp.add, total, grads), new_state), logs
 
-    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    zeros = jax.tree.map(jnp.zeros_like, part)
     (total, new_state), logs = jax.lax.scan(accumulate, (zeros, state), micro_batches)
-    grads = jax.tree.map(lambda g: g / micro_steps, total)
+    grads = with_part(
+        state.params, mask, jax.tree.map(lambda g: g / micro_steps, total), jnp.zeros_like
+    )
     return unscale_gradients(state, grads), merge_micro_logs(logs, rows), new_state
 
 

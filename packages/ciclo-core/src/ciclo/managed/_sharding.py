@@ -31,6 +31,7 @@ import numpy as np
 from .._plugins._discovery import extras, register_extra
 from ._strategies import (
     StepFn,
+    StepsPerCall,
     Strategy,
     batch_placer,
     broadcast_placer,
@@ -361,7 +362,7 @@ def sharded(
     axis: str | tuple[str, ...] = "data",
     fsdp: bool = False,
     donate: bool = False,
-    steps_per_call: int = 1,
+    steps_per_call: StepsPerCall = 1,
     accumulate_steps: int = 1,
 ) -> Strategy:
     """Model parallelism from rules: every state array is placed on ``mesh`` by its
@@ -408,7 +409,7 @@ def fsdp(
     *,
     axis: str | tuple[str, ...] = "data",
     donate: bool = False,
-    steps_per_call: int = 1,
+    steps_per_call: StepsPerCall = 1,
     accumulate_steps: int = 1,
 ) -> Strategy:
     """Fully sharded data parallelism: parameters and optimizer state are split over the
@@ -444,7 +445,7 @@ def _sharded(
     axis: str | tuple[str, ...],
     fsdp: bool,
     donate: bool,
-    steps_per_call: int,
+    steps_per_call: StepsPerCall,
     accumulate_steps: int,
 ) -> Strategy:
     from jax.sharding import NamedSharding

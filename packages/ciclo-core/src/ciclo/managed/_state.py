@@ -25,6 +25,7 @@ from ._fields import (
 from ._precision import LossScale, cast_floating, precision_fields
 from ._static import Static, keep_static, shared
 from ._strategies import Strategy, get_strategy
+from ._trainable import keep_frozen, masked_optimizer, trainable_mask
 
 __all__ = ["ManagedState"]
 
@@ -81,6 +82,8 @@ class ManagedState:
     #: Mixed precision (``create(..., compute_dtype=..., loss_scale=...)``).
     compute_dtype: Any = dataclasses.field(default=None, metadata={"static": True})
     loss_scale: LossScale | None = None
+    #: Which params train (``create(..., trainable=...)``); ``None``: all.
+    trainable: Any = dataclasses.field(default=None, metadata={"static": True})
 
     #: Whether :meth:`create` takes unknown keywords as extra fields (adapter states: no).
     keyword_extras: ClassVar[bool] = True
@@ -102,6 +105,7 @@ class ManagedState:
         compute_dtype: Any = None,
         loss_scale: float | str | LossScale | None = None,
         ema: float | None = None,
+        trainable: Any = None,
         **fields: Any,
     ) -> S:
         """Builds a state with ``step=0`` and ``opt_state = tx.init(params)``.
@@ -122,6 +126,10 @@ class ManagedState:
             ema: keep ``ema_params``, the moving average of the parameters with this decay
                 (e.g. ``0.999``), updated after each optimizer update; ``train_loop``
                 evaluates it too (entries ``<name>_test_ema``). ``None``: no average.
+            trainable: which params train, by name (``/``-joined paths, e.g.
+                ``"head/kernel"``): a regex searched in each name (``"^head/"``) or a
+                function of the name. The others are frozen: no update, no optimizer
+                state, no gradient computed. ``None`` (default): all train.
             **fields: values of subclass fields; ``extra={name: value}`` declares extra
                 fields (and so does an unknown keyword that is no close match of a field
                 or option name).
@@ -168,7 +176,7 @@ class ManagedState:
         state = cls(
             step=jnp.zeros((), jnp.int32),
             params=params,
-            opt_state=tx.init(params) if tx is not None else None,
+            opt_state=None,
             key=key,
             extra=extra,
             tx=tx,
@@ -179,7 +187,7 @@ class ManagedState:
                 **known,
             },
         )
-        return cast(S, state.strategy.place_state(state))
+        return state.with_trainable(trainable)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached when normal lookup fails: extra fields declared at create().
@@ -233,8 +241,10 @@ class ManagedState:
                 "this state has no optimizer (tx=None); create it with tx=optax.adam(...) "
                 "to train it."
             )
-        updates, opt_state = self.tx.update(grads, self.opt_state, self.params)
-        params = optax.apply_updates(self.params, updates)
+        mask = trainable_mask(self.params, self.trainable)
+        tx = masked_optimizer(self.tx, mask)
+        updates, opt_state = tx.update(grads, self.opt_state, self.params)
+        params = keep_frozen(mask, optax.apply_updates(self.params, updates), self.params)
         updated = self.replace(step=self.step + 1, params=params, opt_state=opt_state)
         return cast(S, update_ema(updated))
 
@@ -274,6 +284,27 @@ class ManagedState:
                 key, zlib.crc32(name.encode()) if isinstance(name, str) else name
             )
         return key
+
+    def with_trainable(self: S, trainable: Any) -> S:
+        """The same state training only the params ``trainable`` selects (see
+        :meth:`create`; ``None``: all), with a new optimizer state, ``tx.init`` of them:
+        moments and schedule counts restart, as for a new optimizer. ``step`` is kept.
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp, optax
+            >>> params = {"body": jnp.ones(2), "head": jnp.ones(2)}
+            >>> state = ciclo.managed.ManagedState.create(
+            ...     params=params, tx=optax.adam(0.1), trainable="^head"
+            ... )
+            >>> state = state.apply_gradients({"body": jnp.ones(2), "head": jnp.ones(2)})
+            >>> state.params["body"].tolist(), state.with_trainable(None).trainable
+            ([1.0, 1.0], None)
+        """
+        mask = trainable_mask(self.params, trainable)
+        tx = masked_optimizer(self.tx, mask)
+        opt_state = tx.init(self.params) if tx is not None else None
+        new = self.replace(trainable=trainable, opt_state=opt_state)
+        return cast(S, new.strategy.place_state(new))
 
     def with_strategy(self: S, strategy: str | Strategy, **options: Any) -> S:
         """The same state under another strategy (its arrays placed for it).

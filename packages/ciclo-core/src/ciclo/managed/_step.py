@@ -15,6 +15,7 @@ from .._loop._naming import count_positional
 from .._loop._returns import NO_CHANGE, parse_return
 from .._loop._state import LoopState
 from .._records._logs import Logs
+from ._auto import AutoFusion, power_of_2_parts
 from ._compile import StepFunction, fuse, step_body
 from ._strategies import Strategy, identity
 
@@ -65,6 +66,7 @@ class ManagedStep:
         self._compiled = {} if compiled is None else compiled
         # This step's own calls without arguments, by strategy (see __call__).
         self._calls: dict[Strategy, StepFunction] = {}
+        self._auto: dict[Strategy, AutoFusion] = {}  # under steps_per_call="auto"
         self._defined_in: type | None = None  # the class whose body holds it
         self._inherited: dict[type, ManagedStep] = {}  # as read from subclasses (__get__)
 
@@ -265,16 +267,47 @@ class ManagedStep:
         return strategy
 
     def __loop_callback__(self, loop_state: LoopState) -> tuple[Logs, Any]:
+        if self._auto:  # steps_per_call="auto": the call's time is measured
+            auto = self._auto.get(getattr(loop_state.state, "strategy", None))  # type: ignore[arg-type]
+            if auto is not None:
+                return auto.timed(self, loop_state.state, loop_state.batch)  # type: ignore[no-any-return]
         return self(loop_state.state, loop_state.batch)
 
     def __loop_steps_per_call__(self, loop_state: LoopState) -> int:
         strategy = getattr(loop_state.state, "strategy", None)
-        return strategy.steps_per_call if isinstance(strategy, Strategy) else 1
+        if not isinstance(strategy, Strategy):
+            return 1
+        if strategy.steps_per_call == "auto":
+            auto = self._auto.get(strategy)
+            if auto is None:
+                auto = self._auto[strategy] = AutoFusion()
+            return auto.steps(loop_state)
+        return strategy.steps_per_call
 
     def __loop_callback_many__(
         self, loop_state: LoopState, batches: Sequence[Any]
     ) -> tuple[Logs, Any]:
-        return self.many(loop_state.state, batches)
+        auto = self._auto.get(getattr(loop_state.state, "strategy", None))  # type: ignore[arg-type]
+        if auto is None:
+            return self.many(loop_state.state, batches)
+        return auto.timed(self._many_in_parts, loop_state.state, batches)  # type: ignore[no-any-return]
+
+    def _many_in_parts(self, state: Any, batches: Sequence[Any]) -> tuple[Logs, Any]:
+        """:meth:`many` for a loop's group (whose batches have one shape), as calls of
+        powers of 2 (a group a schedule cut short) whose logs are joined: so auto-fusion
+        compiles a fused call for few sizes."""
+        strategy = self._strategy_of(state)
+        run = self.compiled_for(strategy, fused=True, statics=self.statics)
+        place, broadcasts = strategy.place_batch, strategy.place_broadcasts(self.broadcasts)
+        stacked, start = [], 0
+        for size in power_of_2_parts(len(batches)):
+            part = batches[start : start + size]
+            logs, state = run(
+                state, tuple(part) if place is identity else tuple(map(place, part)), broadcasts
+            )
+            stacked.append(logs)
+            start += size
+        return (stacked[0] if len(stacked) == 1 else _join_rows(stacked)), state
 
     def __set_name__(self, owner: type, name: str) -> None:
         if self._defined_in is None:
@@ -354,7 +387,7 @@ class _BoundStep:
         return _BoundStep(self.step.bind(broadcasts, statics), self.instance)
 
     def __loop_callback__(self, loop_state: LoopState) -> tuple[Logs, Any]:
-        return self.step(loop_state.state, loop_state.batch)
+        return self.step.__loop_callback__(loop_state)
 
     def __loop_steps_per_call__(self, loop_state: LoopState) -> int:
         return self.step.__loop_steps_per_call__(loop_state)
@@ -362,10 +395,16 @@ class _BoundStep:
     def __loop_callback_many__(
         self, loop_state: LoopState, batches: Sequence[Any]
     ) -> tuple[Logs, Any]:
-        return self.step.many(loop_state.state, batches)
+        return self.step.__loop_callback_many__(loop_state, batches)
 
     def __loop_lower__(self, loop_state: LoopState) -> Any:
         return self.step.lower(loop_state.state, loop_state.batch)
+
+
+@jax.jit
+def _join_rows(stacked: list[Logs]) -> Logs:
+    """Stacked logs of consecutive calls, as one (rows along the first axis)."""
+    return jax.tree.map(lambda *rows: jax.numpy.concatenate(rows), *stacked)  # type: ignore[no-any-return]
 
 
 def _shapes(batch: Any) -> tuple[Any, list[tuple[int, ...]]]:

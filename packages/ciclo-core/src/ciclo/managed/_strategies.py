@@ -16,7 +16,8 @@ A strategy is a small bundle of functions, like an optax transformation:
 
 and two numbers that say how much work one call does:
 
-- ``steps_per_call``: how many batches a loop runs in one compiled call (``lax.scan``).
+- ``steps_per_call``: how many batches a loop runs in one compiled call (``lax.scan``), or
+  ``"auto"``: the loop picks it while it runs (see :mod:`ciclo.managed._auto`).
 - ``accumulate_steps``: how many micro-batches each training batch is split into; their
   gradients are averaged into one optimizer update, equal to the update on the whole batch.
 
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import jax
 import numpy as np
@@ -54,6 +55,8 @@ __all__ = [
 ]
 
 StepFn = Callable[..., Any]
+#: A strategy's ``steps_per_call``: a positive int, or ``"auto"``.
+StepsPerCall = int | Literal["auto"]
 
 
 def identity(value: Any) -> Any:
@@ -78,7 +81,8 @@ class Strategy(NamedTuple):
             ``fn(state, batch, broadcasts) -> (logs, state)``.
         reduce_gradients: ``grads -> grads``, inside the step before the optimizer update.
         reduce_logs: ``logs -> logs``, inside the step on the step's logs.
-        steps_per_call: batches a loop runs per compiled call (1: no fusion).
+        steps_per_call: batches a loop runs per compiled call (1: no fusion; ``"auto"``:
+            the loop picks it).
         accumulate_steps: micro-batches per training batch (1: no accumulation).
         place_broadcasts: ``broadcasts -> broadcasts``, called on a step's broadcasts before
             every call.
@@ -96,7 +100,7 @@ class Strategy(NamedTuple):
     compile: Callable[[StepFn], StepFn]
     reduce_gradients: Callable[[Any], Any] = identity
     reduce_logs: Callable[[Any], Any] = identity
-    steps_per_call: int = 1
+    steps_per_call: StepsPerCall = 1
     accumulate_steps: int = 1
     place_broadcasts: Callable[[Any], Any] = identity
 
@@ -111,21 +115,26 @@ def partition_spec(*axes: str) -> Any:
     return jax.sharding.PartitionSpec(*axes)  # type: ignore[no-untyped-call]
 
 
-def step_counts(strategy: str, steps_per_call: object, accumulate_steps: object) -> tuple[int, int]:
+def step_counts(
+    strategy: str, steps_per_call: object, accumulate_steps: object
+) -> tuple[StepsPerCall, int]:
     """The validated ``(steps_per_call, accumulate_steps)`` of the factory ``strategy``.
 
     Example:
-        >>> step_counts("jit", 4, 1)
-        (4, 1)
+        >>> step_counts("jit", "auto", 1)
+        ('auto', 1)
     """
     counts = {"steps_per_call": steps_per_call, "accumulate_steps": accumulate_steps}
     for option, value in counts.items():
+        if option == "steps_per_call" and value == "auto":
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            auto = ' or "auto"' if option == "steps_per_call" else ""
             raise ValueError(
-                f"{strategy}({option}=...) must be a positive int, got {value!r}; "
+                f"{strategy}({option}=...) must be a positive int{auto}, got {value!r}; "
                 f"{option}=1 turns it off."
             )
-    return cast(int, steps_per_call), cast(int, accumulate_steps)
+    return cast(StepsPerCall, steps_per_call), cast(int, accumulate_steps)
 
 
 def eager() -> Strategy:
@@ -139,14 +148,18 @@ def eager() -> Strategy:
     return Strategy("eager", identity, identity, identity)
 
 
-def jit(*, donate: bool = False, steps_per_call: int = 1, accumulate_steps: int = 1) -> Strategy:
+def jit(
+    *, donate: bool = False, steps_per_call: StepsPerCall = 1, accumulate_steps: int = 1
+) -> Strategy:
     """Compiles steps with ``jax.jit`` on the default device.
 
     Args:
         donate: donate the input state's buffers to the output (saves memory; the state
             passed in must not be used afterwards).
         steps_per_call: batches a loop runs in one compiled call (``lax.scan``); schedules
-            still fire on the same steps as with 1.
+            still fire on the same steps as with 1. ``"auto"``: the loop fuses as many as
+            pay (1 for a step whose dispatch is a small share of its time; see
+            docs/performance.md).
         accumulate_steps: split each training batch into this many micro-batches and
             average their gradients into one update (same result, less memory).
 
@@ -358,7 +371,7 @@ def data_parallel(
     mesh: jax.sharding.Mesh | None = None,
     axis: str = "data",
     donate: bool = False,
-    steps_per_call: int = 1,
+    steps_per_call: StepsPerCall = 1,
     accumulate_steps: int = 1,
 ) -> Strategy:
     """Data parallelism with ``jax.jit`` and ``NamedSharding`` over a ``Mesh``: each batch
@@ -446,7 +459,7 @@ def pmap(
     *,
     axis_name: str = "batch",
     devices: Sequence[jax.Device] | None = None,
-    steps_per_call: int = 1,
+    steps_per_call: StepsPerCall = 1,
     accumulate_steps: int = 1,
 ) -> Strategy:
     """One compiled replica per local device with ``jax.pmap``, for code written for it

@@ -1,0 +1,167 @@
+"""``steps_per_call="auto"``: the loop picks how many steps of a managed step it fuses.
+
+A :class:`AutoFusion` per step and strategy measures, while the loop runs, the time per
+step and the share of it the host spends dispatching the step. While dispatch takes more
+than :data:`DISPATCH_SHARE` of the time, it doubles K (1, 2, 4, ... :data:`MAX_STEPS`); once
+dispatch no longer dominates, or :data:`MISSES` doublings in a row did not make a step at
+least ``1 - GAIN`` faster than the fastest K so far, it keeps that fastest K (and measures
+again from it every :data:`REPROBE_SECONDS`). A large step's dispatch is a small share from
+the first measurement, so it keeps K = 1 and never compiles a fused call. Groups cut short
+by a schedule run as calls of powers of 2 (:func:`power_of_2_parts`), so at most
+``log2(MAX_STEPS) + 1`` fused programs are compiled. With several processes, K stays 1:
+each process would measure its own, and their fused calls must match.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+
+__all__ = ["AutoFusion", "MAX_STEPS", "power_of_2_parts"]
+
+#: The largest K auto-fusion uses.
+MAX_STEPS = 64
+#: Fusing pays while dispatching takes more than this share of the loop's time (doubling K
+#: then saves about half of it: at least 10%, :data:`GAIN`).
+DISPATCH_SHARE = 0.2
+#: A doubled K is kept when a step takes at most this fraction of its time before.
+GAIN = 0.9
+#: Doublings in a row that may fail to pay before the fastest K is kept (a fused call
+#: costs more than a plain one, so K = 2 can be slower than 1 where 8 is faster).
+MISSES = 3
+#: A measurement spans at least this many seconds and :data:`WINDOW_CALLS` calls; each
+#: decision takes the fastest of :data:`WINDOWS` of them (a compile or a busy moment only
+#: ever slows a window down, so it does not decide).
+WINDOW_SECONDS = 0.02
+WINDOW_CALLS = 4
+WINDOWS = 3
+#: A K kept is measured again after this many seconds (a busy moment may have chosen it).
+REPROBE_SECONDS = 10.0
+
+
+#: Seconds JAX spent tracing and compiling in this process, counted once a controller exists:
+#: a window's time leaves them out (a new K, a history's new stack shape compile once).
+_compiling = [0.0]
+_listening: list[bool] = []
+
+
+def _count_compiles(event: str, duration_secs: float, **_: str | int) -> None:
+    if event.startswith("/jax/core/compile/"):
+        _compiling[0] += duration_secs
+
+
+def power_of_2_parts(count: int) -> list[int]:
+    """``count`` as decreasing powers of 2 (the calls a cut group runs as).
+
+    Example:
+        >>> power_of_2_parts(13)
+        [8, 4, 1]
+    """
+    return [1 << bit for bit in range(count.bit_length() - 1, -1, -1) if count >> bit & 1]
+
+
+class AutoFusion:
+    """The K of one managed step under one ``steps_per_call="auto"`` strategy.
+
+    :meth:`steps` is the loop's ``__loop_steps_per_call__``; :meth:`timed` wraps each call of
+    the step, so the controller knows how long the host took to dispatch it.
+
+    Example:
+        >>> auto = AutoFusion()
+        >>> auto.k, auto.settled
+        (1, False)
+    """
+
+    __slots__ = (
+        "alone",
+        "best",
+        "best_k",
+        "compiled",
+        "dispatch",
+        "k",
+        "loop",
+        "misses",
+        "reprobe_at",
+        "settled",
+        "skip",
+        "start",
+        "start_steps",
+        "windows",
+    )
+
+    def __init__(self) -> None:
+        if not _listening:
+            jax.monitoring.register_event_duration_secs_listener(_count_compiles)
+            _listening.append(True)
+        # With several processes, their groups must match (a fused call runs each step's
+        # collectives): K stays 1 (a fixed K is the same everywhere).
+        self.alone = jax.process_count() == 1
+        self.k = 1
+        self.settled = False
+        self.best, self.best_k = float("inf"), 1  # the fastest seconds per step, and its K
+        self.misses = 0  # doublings since the best that did not pay
+        self.reprobe_at = 0.0  # when a settled K is measured again
+        self.loop = 0  # id() of the loop whose steps are being measured
+        self.skip = 0  # groups to let pass before measuring (the first compiles)
+        self.start = 0.0
+        self.start_steps = 0
+        self.dispatch = 0.0  # seconds spent in the step's calls since start
+        self.compiled = 0.0  # _compiling[0] at start
+        self.windows: list[tuple[float, float]] = []  # (seconds per step, dispatch share)
+
+    def steps(self, loop_state: Any) -> int:
+        """K for the group starting at this step: the loop asks it at each group's start
+        (and once before its first batch, when the answer says only whether it may fuse)."""
+        if self.alone is False:  # several processes: each would pick its own K
+            return 1
+        if loop_state.batch is None:
+            return MAX_STEPS
+        now = time.perf_counter()
+        if self.settled:
+            if now < self.reprobe_at:
+                return self.k
+            # measured again from this K: a busy moment may have decided (a large step
+            # settles again at once, without compiling anything)
+            self.settled, self.best, self.misses, self.windows = False, float("inf"), 0, []
+            self.loop = 0
+        steps = loop_state.elapsed.steps
+        if id(loop_state) != self.loop:  # a new loop: its first step may compile
+            self.loop, self.skip = id(loop_state), 2
+        if self.skip:  # the measurement starts once the groups before it ran
+            self.skip -= 1
+            self.start, self.start_steps, self.dispatch = now, steps, 0.0
+            self.compiled = _compiling[0]
+            return self.k
+        span, count = now - self.start - (_compiling[0] - self.compiled), steps - self.start_steps
+        if span < WINDOW_SECONDS or count < WINDOW_CALLS * self.k:
+            return self.k
+        self.windows.append((span / count, self.dispatch / span))
+        self.start, self.start_steps, self.dispatch = now, steps, 0.0
+        self.compiled = _compiling[0]
+        if len(self.windows) == WINDOWS:
+            per_step, share = min(self.windows)
+            self.windows = []
+            self._decide(per_step, share)
+        return self.k
+
+    def _decide(self, per_step: float, share: float) -> None:
+        if per_step < GAIN * self.best:
+            self.best, self.best_k, self.misses = per_step, self.k, 0
+        else:
+            self.misses += 1
+        if share <= DISPATCH_SHARE or self.k >= MAX_STEPS or self.misses == MISSES:
+            self.k, self.settled = self.best_k, True
+            self.reprobe_at = time.perf_counter() + REPROBE_SECONDS
+        else:
+            self.k *= 2
+            self.skip = 2  # the first group of the new K compiles it
+
+    def timed(self, call: Any, *args: Any) -> Any:
+        """``call(*args)``, its duration counted as dispatch (compiling left out)."""
+        start, compiled = time.perf_counter(), _compiling[0]
+        try:
+            return call(*args)
+        finally:
+            self.dispatch += time.perf_counter() - start - (_compiling[0] - compiled)

@@ -1,0 +1,225 @@
+"""``steps_per_call="auto"``: accepted wherever a K is, the controller's rule (on a fake
+clock: nothing here is timed), the loop's semantics with auto-fused groups, and an exact
+resume after a kill inside a group."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import ciclo
+from ciclo.managed import _auto, _step
+
+sys.path.insert(0, str(Path(__file__).parent))
+import auto_fusion_training as training
+from test_managed import (
+    assert_same_history,
+    assert_trees_close,
+    make_batches,
+    make_state,
+    regression_step,
+)
+
+
+@pytest.mark.parametrize("name", ["jit", "data-parallel", "pmap", "fsdp"])
+def test_auto_is_accepted_wherever_a_k_is(name):
+    assert ciclo.managed.get_strategy(name, steps_per_call="auto").steps_per_call == "auto"
+    assert make_state(name, steps_per_call="auto").strategy.steps_per_call == "auto"
+
+
+@pytest.mark.parametrize("value", ["Auto", "8", 2.0])
+def test_another_string_or_type_is_refused(value):
+    with pytest.raises(
+        ValueError, match=r'steps_per_call=\.\.\.\) must be a positive int or "auto"'
+    ):
+        ciclo.managed.jit(steps_per_call=value)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def drive(monkeypatch, seconds_per_step, dispatch_per_call, seconds=2.0, compile_every=0):
+    """Runs a controller on a fake loop: ``seconds_per_step(k)`` and ``dispatch_per_call(k)``
+    say what a step costs at K; returns the Ks it chose, group by group."""
+    clock = Clock()
+    monkeypatch.setattr(_auto.time, "perf_counter", clock)
+    auto, loop_state = _auto.AutoFusion(), SimpleNamespace(batch=None, elapsed=None)
+    assert auto.steps(loop_state) == _auto.MAX_STEPS  # before the first batch: it may fuse
+    loop_state.batch, chosen, step = "batch", [], 0
+    while clock.now < seconds:
+        loop_state.elapsed = SimpleNamespace(steps=step)
+        k = auto.steps(loop_state)
+        chosen.append(k)
+        auto.timed(lambda k=k: setattr(clock, "now", clock.now + dispatch_per_call(k)))
+        clock.now += seconds_per_step(k) * k - dispatch_per_call(k)
+        step += k
+        if compile_every and len(chosen) % compile_every == 0:  # 50 ms of compiling
+            clock.now += 0.05
+            _auto._count_compiles("/jax/core/compile/backend_compile_duration", 0.05)
+    return chosen, auto
+
+
+def test_a_step_dominated_by_dispatch_is_fused_until_it_stops_paying(monkeypatch):
+    # 40 us of dispatch per call, 1 us of compute per step: fusing pays up to the cap.
+    chosen, auto = drive(monkeypatch, lambda k: (40e-6 + 1e-6 * k) / k, lambda k: 40e-6)
+    assert chosen[0] == 1
+    assert auto.k == _auto.MAX_STEPS
+    assert auto.settled
+    assert sorted(set(chosen)) == [1, 2, 4, 8, 16, 32, 64]
+
+
+def test_time_spent_compiling_is_left_out(monkeypatch):
+    # A compile in every window (a history's new stack shape...) would make each larger K
+    # look slower; counted out through jax.monitoring, the choice is as without them.
+    _, auto = drive(monkeypatch, lambda k: (40e-6 + 1e-6 * k) / k, lambda k: 40e-6, 30.0, 97)
+    assert auto.k == _auto.MAX_STEPS
+
+
+def test_a_k_kept_in_a_busy_moment_is_measured_again(monkeypatch):
+    # For the first second dispatch looks like a small share (a busy host): K = 1 is kept;
+    # measured again 10 s later, the step fuses.
+    def now():
+        return _auto.time.perf_counter()
+
+    def per_step(k):
+        return 1e-3 if now() < 1.0 else (40e-6 + 1e-6 * k) / k
+
+    chosen, auto = drive(monkeypatch, per_step, lambda k: 30e-6 if now() < 1.0 else 40e-6, 20.0)
+    assert chosen[0] == 1
+    assert _auto.REPROBE_SECONDS < 20.0
+    assert auto.k == _auto.MAX_STEPS
+
+
+def test_fusing_stops_once_dispatch_no_longer_dominates(monkeypatch):
+    # 40 us of dispatch, 12 us of compute per step: at K = 16 dispatch is 17% of the time.
+    chosen, auto = drive(monkeypatch, lambda k: (40e-6 + 12e-6 * k) / k, lambda k: 40e-6)
+    assert auto.k == 16
+    assert auto.settled
+    assert max(chosen) == 16
+
+
+def test_a_large_step_keeps_k_1(monkeypatch):
+    # 30 us of dispatch in a 1 ms step: never fused, never a fused call compiled.
+    chosen, auto = drive(monkeypatch, lambda k: 1e-3, lambda k: 30e-6)
+    assert set(chosen) == {1}
+    assert auto.settled
+
+
+def test_doublings_that_do_not_pay_are_undone(monkeypatch):
+    # Dispatch dominates, but steps get no faster past K = 4: 8 and 16 are tried (at 16,
+    # dispatch is 15% of the time), 4 kept.
+    chosen, auto = drive(monkeypatch, lambda k: 100e-6 / min(k, 4), lambda k: 60e-6)
+    assert auto.k == 4
+    assert auto.settled
+    assert max(chosen) == 16
+    assert chosen[-1] == 4
+
+
+def test_a_doubling_that_costs_is_passed_when_the_next_pays(monkeypatch):
+    # A fused call's own cost makes K = 2 slower than K = 1; K = 4 and on are faster.
+    def per_step(k):
+        return 50e-6 if k == 1 else (150e-6 + 5e-6 * k) / k
+
+    chosen, auto = drive(monkeypatch, per_step, lambda k: 40e-6 if k == 1 else 140e-6)
+    assert 2 in chosen
+    assert auto.k == _auto.MAX_STEPS
+
+
+class Spy:
+    """The fused calls a loop makes under auto-fusion: their sizes, in order."""
+
+    def __init__(self, monkeypatch):
+        self.groups = []
+        parts = _step.power_of_2_parts
+
+        def spy(count):
+            self.groups.extend(parts(count))
+            return parts(count)
+
+        monkeypatch.setattr(_step, "power_of_2_parts", spy)
+
+
+def test_with_several_processes_auto_keeps_k_1(monkeypatch):
+    # Each process would pick its own K, and fused calls of several processes must match.
+    monkeypatch.setattr(_auto.jax, "process_count", lambda: 2)
+    spy = Spy(monkeypatch)
+    batches = make_batches(steps=12)
+    _, history, _ = ciclo.loop(
+        make_state("jit", steps_per_call="auto"), batches, {ciclo.every(1): regression_step}
+    )
+    assert spy.groups == []
+    assert len(history) == 12
+
+
+@pytest.fixture
+def forced_k(monkeypatch):
+    monkeypatch.setattr(_auto.AutoFusion, "steps", lambda self, loop_state: 8)
+
+
+def test_auto_groups_see_every_step_and_cut_groups_run_as_powers_of_2(monkeypatch, forced_k):
+    seen = []
+
+    def every_third(state, batch, elapsed):
+        seen.append((elapsed.steps, int(state.step)))
+
+    batches = make_batches(steps=20)
+
+    def tasks():
+        return {ciclo.every(1): regression_step, ciclo.every(steps=3): every_third}
+
+    state_1, history_1, _ = ciclo.loop(make_state("jit"), batches, tasks())
+    unfused, seen[:] = list(seen), []
+    spy = Spy(monkeypatch)
+    state_a, history_a, elapsed = ciclo.loop(
+        make_state("jit", steps_per_call="auto"), batches, tasks()
+    )
+    assert elapsed.steps == 20
+    assert seen == unfused
+    assert_trees_close(state_a.params, state_1.params)
+    assert_same_history(history_a, history_1)
+    # groups 1-3 | 4-6 | ... (every(3) ends them): each group of 3 runs as calls of 2 and 1
+    assert spy.groups == [2, 1] * 6
+
+
+def test_batches_of_another_shape_end_an_auto_group(monkeypatch, forced_k):
+    batches = make_batches(steps=6, batch_size=16) + make_batches(steps=4, batch_size=8, seed=1)
+    spy = Spy(monkeypatch)
+    _state, history, _ = ciclo.loop(
+        make_state("jit", steps_per_call="auto"), batches, {ciclo.every(1): regression_step}
+    )
+    _state_1, history_1, _ = ciclo.loop(
+        make_state("jit"), batches, {ciclo.every(1): regression_step}
+    )
+    assert spy.groups == [4, 2, 4]
+    assert_same_history(history, history_1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_at", [14, 23])  # inside the groups 11-18 and 21-28
+def test_a_kill_inside_an_auto_group_resumes_bit_identical(tmp_path, kill_at):
+    directory = tmp_path / "run"
+    run = subprocess.run(
+        [sys.executable, training.__file__, str(directory), str(kill_at)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == -9, run.stderr[-3000:]
+    assert f"killed at {kill_at}" in run.stdout
+    assert any(p.name.isdigit() for p in directory.iterdir()), "no checkpoint before the kill"
+    training.force_k()
+    try:
+        resumed = training.fingerprint(*training.run(str(directory), resume=True))
+        reference = training.fingerprint(*training.run(str(tmp_path / "reference")))
+    finally:
+        del _auto.AutoFusion.steps  # type: ignore[attr-defined]
+    assert resumed == reference
