@@ -127,7 +127,7 @@ def test_tasks_must_be_a_dict_of_schedules():
         ciclo.loop(None, ONE_BATCH, [lambda: None])
     with pytest.raises(TypeError, match=r"tasks key 'on_train_step' is a name.*train_loop"):
         ciclo.loop(None, ONE_BATCH, {"on_train_step": lambda: None})
-    with pytest.raises(TypeError, match=r"a schedule must be .*got 3\. Example"):
+    with pytest.raises(TypeError, match=r"a schedule must be a function Elapsed -> bool, got 3\."):
         ciclo.loop(None, ONE_BATCH, {3: lambda: None})
     with pytest.raises(TypeError, match=r"a schedule must be .*got 'x'"):
         ciclo.every(2) & "x"
