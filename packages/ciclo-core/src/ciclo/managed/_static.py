@@ -80,7 +80,9 @@ def shared(static: Static) -> Static:
 
 
 def keep_static(value: Any) -> Any:
-    """``value`` as a :class:`Static` when it is a function, method or partial; else as it is.
+    """``value`` as a :class:`Static` when it is a function, a method or a
+    ``functools.partial`` (an extra field such as ``apply_fn=module.apply``); anything else
+    as it is (callable pytrees such as Equinox modules stay data).
 
     Example:
         >>> keep_static(len), keep_static(3)
