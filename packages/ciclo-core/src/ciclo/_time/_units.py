@@ -32,7 +32,8 @@ def check_amount(caller: str, unit: str, value: object, *, allow_zero: bool) -> 
         ValueError: every(): steps must be positive, got 0.
     """
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{caller}: {unit} must be a number, got {value!r}.")
+        kind = type(value).__name__
+        raise TypeError(f"{caller}: {unit} must be a number, got {value!r} ({kind}).")
     number = int(value) if isinstance(value, numbers.Integral) else float(value)
     if unit == "steps" and not float(number).is_integer():
         raise TypeError(f"{caller}: steps must be a whole number, got {value!r}; or count samples.")
