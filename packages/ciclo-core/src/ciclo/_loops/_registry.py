@@ -1,8 +1,5 @@
-"""Which callbacks run under each named schedule of a predefined loop.
-
-In order: ``tasks`` entries under it, then ``callbacks=[...]`` objects' methods of that
-name, then (step schedules only, when neither gave any) the state's own ``train_step``...
-Ordinary ``tasks`` schedules run with the step, in ``tasks`` order.
+"""Which callbacks run under each named schedule of a predefined loop: ``tasks`` entries, then
+``callbacks=[...]`` hook methods, then (step schedules only) the state's own step method.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Aggregation of log entries: ``"last"``, ``"first"``, ``"mean"`` (weighted), ``"sum"``,
-``"min"``, ``"max"``, a callable on the stacked values, or ``None`` (drop), per collection.
-
-Used over a loop's steps (:class:`Aggregator`), a history's rows (:func:`aggregate_history`),
-micro-batches (:func:`merge_micro_logs`) and ``pmap`` devices (:func:`reduce_across_devices`).
+"""Aggregation of log entries, one method per collection (:class:`Spec`), wherever logs are
+combined: steps (:class:`Aggregator`), history rows, micro-batches, ``pmap`` devices.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Schedules: *when* a callback runs. A schedule is any ``Elapsed -> bool``.
 
-``every(n)`` fires once per call that reaches a boundary ``0, n, 2n, ...`` no earlier call
-reached; a fresh schedule (or one whose count went back) fires only exactly on a boundary,
-so step 0 fires. Stateful schedules have ``state_dict()``/``load_state_dict()`` for resume.
+``every(n)`` fires once per call that reaches a new boundary ``0, n, 2n, ...`` (step 0
+included); stateful schedules have ``state_dict()``/``load_state_dict()``.
 """
 
 from __future__ import annotations

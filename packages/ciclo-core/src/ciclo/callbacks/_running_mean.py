@@ -1,7 +1,5 @@
-"""``running_mean=True`` of bars and CSV rows: each *training* loss and metric as its
-sample-weighted mean since the epoch began (Keras' ``Progbar``); other entries as they are.
-
-The steps between two redraws are read from the history when the bar redraws.
+"""``running_mean=True``: each training loss and metric as its sample-weighted mean since the
+epoch began (Keras' ``Progbar``), read from the history when a bar redraws.
 """
 
 from __future__ import annotations
