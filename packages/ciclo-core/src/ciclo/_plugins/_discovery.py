@@ -203,8 +203,8 @@ def _forward(public: str, adapter_name: str, factory_name: str, args: Any, kwarg
         raise AdapterNotInstalledError(f"ciclo.{public} needs an adapter; fix: {hint}.") from None
     factory = adapter.factory(factory_name)
     if factory is None:
-        hint = f"pip install -U {adapter.distribution}"
-        raise AdapterLoadError(f"ciclo.{public}: has no {factory_name}; upgrade it: {hint}.")
+        found = f"ciclo.{public}: {adapter.distribution} has no {factory_name}"
+        raise AdapterLoadError(f"{found}; upgrade it: pip install -U {adapter.distribution}.")
     return factory(*args, **kwargs)
 
 

@@ -83,8 +83,8 @@ class Throughput(LoopCallbackBase):
             raise TypeError(f"throughput(peak_flops={peak_flops!r}): expected a number (FLOP/s)")
         if flops_per_step is not None and not callable(flops_per_step):
             if isinstance(flops_per_step, bool) or not isinstance(flops_per_step, int | float):
-                forms = describe(flops_per_step)
-                raise TypeError(f"throughput(flops_per_step={forms}): expected {_FORMS}.")
+                given = describe(flops_per_step)
+                raise TypeError(f"throughput(flops_per_step={given}): expected {_FORMS}.")
             if not flops_per_step > 0:
                 raise ValueError(
                     f"throughput(flops_per_step={flops_per_step!r}): FLOPs must be > 0."
