@@ -169,8 +169,8 @@ class Logs(dict[str, Any]):
             return self
         for collection, entries in other.items():
             if type(entries) is not dict and not isinstance(entries, Mapping):
-                kind = type(entries).__name__
-                raise TypeError(f"cannot merge logs: {collection!r} is a {kind}, not a mapping.")
+                found = f"collection {collection!r} is a {type(entries).__name__}"
+                raise TypeError(f"cannot merge logs: {found}, not a mapping.")
             mine = self.get(collection)
             if mine is None:
                 dict.__setitem__(self, collection, dict(entries))
