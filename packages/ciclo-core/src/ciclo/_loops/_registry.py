@@ -138,7 +138,8 @@ class Registry:
         name = named_schedule(key).name
         if name not in self.named:
             moment = f"{NAMED_SCHEDULES[name]!r} is not a moment of {self.loop_name}"
-            raise ValueError(f"{moment} but of {owner(name)}; it runs {', '.join(self.names)}.")
+            runs = f"{self.loop_name} runs {', '.join(self.names)}"
+            raise ValueError(f"{moment}: it belongs to {owner(name)}; {runs}.")
         return name
 
     def _add_tasks(self, tasks: Mapping[Any, Any] | None) -> None:
