@@ -24,8 +24,8 @@ def period_unit(value: int | Period, what: str) -> tuple[str, float]:
     assert period is not None
     fields = period.fields()
     if len(fields) != 1 or "date" in fields or not next(iter(fields.values())):
-        amount = f"{what} must be a positive amount in one unit"
-        raise ValueError(f"{amount} (an int, or ciclo.at(samples=...)), got {value!r}.")
+        culprit = f"{what} must be a positive amount in one unit"
+        raise ValueError(f"{culprit} (an int, or ciclo.at(samples=...)), got {value!r}.")
     ((unit, amount),) = fields.items()
     return unit, amount
 
