@@ -85,7 +85,7 @@ def evaluate_checkpoints(
     :func:`ciclo.test_loop`: one history row per checkpoint, at its ``elapsed``.
 
     Args:
-        directory: the checkpoint directory (or a :class:`ciclo.Checkpoint`).
+        directory: the checkpoint directory (or a :class:`ciclo.checkpoint`).
         state: a state built like the saved one (structure, shardings, ``test_step``).
         dataset: a function returning a fresh dataset, a re-iterable dataset, or a dict
             ``{name: ...}`` of several (entries renamed ``<entry>_<name>``).
