@@ -275,8 +275,8 @@ def test_mlflow_resume_continues_its_run_and_names_a_run_it_cannot_continue(tmp_
     # another run given by hand
     with pytest.raises(
         ValueError,
-        match=rf"MLflowWriter: the checkpoint continues MLflow run '{first.run_id}', but this "
-        r"writer was given run_id='other'\. To continue the same run, give no run_id",
+        match=rf"MLflowWriter: the checkpoint's run is '{first.run_id}', not 'other'; "
+        r"give no run_id",
     ):
         resumable(tmp_path, ciclo.callbacks.MLflowWriter("other", tracking_uri=uri), stop=8)
     # another store (a relative sqlite path run from another directory, say)
@@ -284,14 +284,13 @@ def test_mlflow_resume_continues_its_run_and_names_a_run_it_cannot_continue(tmp_
     (tmp_path / "elsewhere").mkdir()
     with pytest.raises(
         ValueError,
-        match=rf"MLflowWriter: the checkpoint continues MLflow run '{first.run_id}' \(in "
-        rf"'{uri}'\), which '{elsewhere}' does not hold\. Give the tracking_uri of the "
-        r"interrupted run, or restore the run",
+        match=rf"MLflowWriter: '{elsewhere}' lacks run '{first.run_id}'; give tracking_uri "
+        rf"'{uri}' or restore\.",
     ):
         resumable(tmp_path, ciclo.callbacks.MLflowWriter(tracking_uri=elsewhere), stop=8)
     # a deleted run
     client.delete_run(first.run_id)
-    with pytest.raises(ValueError, match=r"which '.*' does not hold \(it was deleted\)\."):
+    with pytest.raises(ValueError, match=r"lacks run '.*' \(deleted\); give"):
         resumable(tmp_path, ciclo.callbacks.MLflowWriter(tracking_uri=uri), stop=8)
     # restored as the message says: the resumed run continues it, running again, then finished
     client.restore_run(first.run_id)
@@ -323,16 +322,15 @@ def test_wandb_resume_refuses_another_run_and_says_when_its_offline_files_are_go
     run_id = path.rsplit("-", 1)[-1]
     with pytest.raises(
         ValueError,
-        match=rf"WandbWriter: the checkpoint continues W&B run '{run_id}', but this writer was "
-        r"given run 'other'\. To continue the same run, give no run and no id=",
+        match=rf"WandbWriter: the checkpoint's W&B run is '{run_id}', not 'other'; give no "
+        r"run/id=",
     ):
         resumable(tmp_path, writer(id="other"), stop=6)
     for directory in glob.glob(str(tmp_path / "wandb" / "*run-*")):
         os.rename(directory, tmp_path / Path(directory).name)  # moved away (or synced, cleaned)
     with pytest.warns(
         UserWarning,
-        match=rf"WandbWriter: resuming W&B run '{run_id}' offline, but '.*wandb' holds none of "
-        r"its earlier files \(moved, or synced and cleaned\?\): this run logs from step 3 on\.",
+        match=rf"WandbWriter: '.*wandb' lacks the files of run '{run_id}'; logs from step 3 on\.",
     ):
         resumable(tmp_path, writer(), stop=6)
     (path,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*"))

@@ -47,7 +47,7 @@ def test_agreement_options_are_checked_with_one_process_too(option, match):
 
 @pytest.mark.parametrize("make", [ciclo.keras_bar, ciclo.tqdm_bar])
 def test_output_process_must_be_an_index_or_none(make):
-    with pytest.raises(TypeError, match=r"process=-1\): expected the index of the process"):
+    with pytest.raises(TypeError, match=r"process=-1\): expected a process index >= 0, or None"):
         make(10, process=-1)
 
 

@@ -79,10 +79,8 @@ def test_a_step_that_cannot_be_read_fails_when_the_loop_starts():
     seen = []
     with pytest.raises(
         TypeError,
-        match=r"throughput\(flops_per_step=.*three_arguments\): reading the FLOPs of one step "
-        r"on the loop's state and batch failed \(TypeError: .*\)\. flops_per_step takes a "
-        r"number of FLOPs, a jitted step function \(jax.jit\), or a managed step "
-        r"\(state.train_step, type\(state\).train_step",
+        match=r"throughput\(flops_per_step=.*three_arguments\): lowering on \(state, batch\) "
+        r"failed \(TypeError: .*\); pass a number\.",
     ):
         ciclo.loop(
             jnp.zeros(2),

@@ -230,8 +230,7 @@ def test_a_resume_with_other_writers_is_an_error(tmp_path):
     run_with_writer(tmp_path / "ckpt", Identified("run"), stop=5)
     with pytest.raises(
         ValueError,
-        match=r"writer_logger: the checkpoint holds the runs of 1 metric writer\(s\) with a "
-        r"state_dict\(\); this logger's writer has 0\. Resume with the same writers",
+        match=r"writer_logger: the checkpoint has 1 writer run\(s\), not 0; use the same writers",
     ):
         run_with_writer(tmp_path / "ckpt", Recorder(), stop=10)
 
@@ -257,9 +256,8 @@ def test_tensorboard_and_csv_resumed_elsewhere_name_where_the_earlier_rows_are(t
     with (
         pytest.warns(
             UserWarning,
-            match=r"TensorBoardWriter: the events up to step 5 are in '.*first', where the "
-            r"interrupted run wrote them; this resumed run writes the rest to '.*second', which "
-            r"has no event file\. Give the logdir of the interrupted run",
+            match=r"TensorBoardWriter: steps up to 5 are in '.*first', not '.*second'; give that "
+            r"logdir",
         ),
         pytest.warns(
             UserWarning,

@@ -1,13 +1,5 @@
-"""``stateful_dataset``: a dataset whose iterator has ``get_state()``/``set_state()`` (a Grain
-``DataLoader``, ``IterDataset`` or ``DatasetIterator``), exposed as the ``state_dict()`` /
-``load_state_dict()`` pair that a checkpoint saves with each step, so a resumed run continues
-from the iterator's own state instead of replaying batches.
-
-With several processes, each process's iterator has its own state: a checkpoint holds every
-process's (``_checkpoint/_format.py``) and each process loads its own back. Grain's
-``ElasticIterator`` is :attr:`StatefulDataset.elastic`: its state is the global count of
-records consumed, the same on every process, which each process re-splits by its own shard
-options, so its checkpoints resume on another number of processes.
+"""``stateful_dataset``: a dataset whose iterator has ``get_state()``/``set_state()`` (Grain),
+saved by checkpoints so that a resumed run continues from the iterator's own state.
 """
 
 from __future__ import annotations
@@ -18,8 +10,7 @@ from typing import Any
 
 __all__ = ["StatefulDataset", "stateful_dataset"]
 
-#: Grain's iterators whose state is a global position (``{"global_next_index": records}``),
-#: recognised by their class (Grain is never imported here).
+#: Grain's iterators whose state is a global position, by class name (Grain not imported).
 _ELASTIC_GRAIN_CLASSES = frozenset({"ElasticIterator", "_ElasticMapDatasetIterator"})
 
 
@@ -40,29 +31,21 @@ def _decode(saved: Mapping[str, Any]) -> Any:
     return json.loads(str(saved["json"]))
 
 
-_NOT_ITERABLE = (
-    "stateful_dataset: {kind} is not iterable; give a Grain DataLoader, IterDataset or "
-    "DatasetIterator (an iterator with get_state() and set_state())."
-)
-_ITERATOR_WITHOUT_STATE = (
-    "stateful_dataset: the iterator of {kind} ({iterator}) has no get_state()/set_state(); "
-    "a Grain DataLoader or IterDataset has them."
-)
+_NOT_ITERABLE = "stateful_dataset: {} is not iterable; give a Grain DataLoader or IterDataset."
+_NO_STATE = "stateful_dataset: the iterator of {} has no get_state()/set_state(); give a Grain one."
 
 
 class StatefulDataset:
-    """Iterates ``source`` through one iterator whose state a checkpoint holds; made by
-    :func:`stateful_dataset`.
+    """Iterates ``source`` through one iterator whose state a checkpoint holds.
 
     Attributes:
         source: what was given.
-        drawn: how many batches were drawn from the iterator by this object (not counting
-            the batches before a loaded state).
+        drawn: batches drawn by this object (after a loaded state).
     """
 
     def __init__(self, source: Any) -> None:
         if not (_has_state(source) or callable(getattr(source, "__iter__", None))):
-            raise TypeError(_NOT_ITERABLE.format(kind=type(source).__name__))
+            raise TypeError(_NOT_ITERABLE.format(type(source).__name__))
         self.source = source
         self.drawn = 0
         self._iterator: Any = None
@@ -73,19 +56,13 @@ class StatefulDataset:
         if self._iterator is None:
             iterator = self.source if _has_state(self.source) else iter(self.source)
             if not _has_state(iterator):
-                raise TypeError(
-                    _ITERATOR_WITHOUT_STATE.format(
-                        kind=type(self.source).__name__, iterator=type(iterator).__name__
-                    )
-                )
+                raise TypeError(_NO_STATE.format(type(self.source).__name__))
             self._iterator = iterator
         return self._iterator
 
     @property
     def elastic(self) -> bool:
-        """Whether the state is a global position, the same on every process, that each
-        process re-splits when it loads it (Grain's ``ElasticIterator``): a checkpoint then
-        resumes on any number of processes."""
+        """Whether the state is a global position re-split by each process (``ElasticIterator``)."""
         kind = type(self.source)
         return kind.__module__.startswith("grain.") and kind.__name__ in _ELASTIC_GRAIN_CLASSES
 
@@ -98,8 +75,7 @@ class StatefulDataset:
         return batch
 
     def state_dict(self) -> dict[str, Any]:
-        """This process's iterator state, as JSON values (with several processes, a
-        checkpoint holds every process's, and gives each its own back)."""
+        """This process's iterator state, as JSON values."""
         return _encode(self.iterator.get_state())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -108,15 +84,8 @@ class StatefulDataset:
 
 
 def stateful_dataset(source: Any) -> StatefulDataset:
-    """A dataset that a checkpoint saves by its iterator's own state (``get_state`` /
-    ``set_state``: Grain's ``DataLoader``, ``IterDataset``, ``DatasetIterator``), so a
-    resumed run continues exactly where the interrupted one was, without replaying batches.
-
-    Give it to the loop in place of ``source``: ``ciclo.train_loop(state,
-    ciclo.stateful_dataset(loader), ...)``. With several processes, each keeps its own state,
-    and a checkpoint resumes on as many processes only; around Grain's
-    ``grain.experimental.ElasticIterator`` the state is global (:attr:`StatefulDataset.elastic`)
-    and resumes on any number of processes.
+    """A dataset that a checkpoint saves by its iterator's own state (Grain's ``DataLoader``...),
+    resumed without replaying batches; per process, or global for ``ElasticIterator``.
 
     Example:
         >>> class Counter:  # any iterator with get_state()/set_state()

@@ -1,10 +1,7 @@
 """``train_loop(..., epochs=N)``: N passes over the training data, as one dataset.
 
-The data is a re-iterable dataset (a list, an array of batches, a Grain ``MapDataset``),
-iterated anew for each epoch, or a zero-argument function returning a fresh dataset,
-called for each epoch. An epoch's length is ``len()`` of the data when it has one (then
-the loop knows its planned total of steps); otherwise an epoch ends where a pass ends,
-which :class:`Passes` sees one batch ahead.
+The data is re-iterable (a list, a Grain ``MapDataset``) or a zero-argument function
+returning a fresh dataset per epoch; without ``len()``, an epoch ends where a pass ends.
 """
 
 from __future__ import annotations
@@ -17,17 +14,11 @@ from .._time._schedules import Schedule
 
 __all__ = ["Passes", "SequencePasses", "epochs_dataset"]
 
-#: An iterator or generator given with ``epochs > 1``.
 _ONE_PASS = (
-    "train_loop(epochs={epochs}): train_dataset is an iterator ({kind}), which the first "
-    "epoch uses up, leaving the next ones no batch. Give a re-iterable dataset (a list of "
-    "batches, a Grain MapDataset), or a zero-argument function returning a fresh one, "
-    "called for each epoch: train_loop(state, lambda: make_batches(x, y), epochs={epochs})."
+    "train_loop(epochs={epochs}): train_dataset is an iterator ({kind}), used up by one "
+    "epoch; give a list, or a function returning a fresh dataset."
 )
-_FUNCTION_NOT_A_DATASET = (
-    "train_loop(epochs={epochs}): train_dataset() returned a {kind}, not a dataset; the "
-    "function must return an iterable of batches (it is called for each epoch)."
-)
+_NOT_A_DATASET = "train_loop(epochs={}): train_dataset() gave {}, not a dataset."
 
 
 def _fresh(data: Any) -> Callable[[], Iterable[Any]]:
@@ -38,8 +29,7 @@ def _fresh(data: Any) -> Callable[[], Iterable[Any]]:
 
 
 class Passes(Iterable[Any]):
-    """``epochs`` passes over the data, one batch ahead: while the loop runs a batch,
-    :attr:`last_of_pass` says whether it ends its pass (an epoch of unknown length).
+    """``epochs`` passes over the data, one batch ahead (:attr:`last_of_pass`).
 
     Example:
         >>> passes = Passes(lambda: iter([1, 2]), 2, None)
@@ -85,8 +75,7 @@ class Passes(Iterable[Any]):
 
 
 class SequencePasses(Sequence[Any]):
-    """``epochs`` passes over an indexable dataset of ``length`` batches, as one sequence
-    (a resumed run starts at its first batch not consumed, by index).
+    """``epochs`` passes over an indexable dataset, as one sequence (resumable by index).
 
     Example:
         >>> list(SequencePasses([1, 2], 2))
@@ -115,8 +104,7 @@ class SequencePasses(Sequence[Any]):
 
 
 class PassEnds(Schedule):
-    """Fires at the last batch of each pass of :class:`Passes`: the end of an epoch whose
-    length is not known in advance."""
+    """Fires at the last batch of each pass of :class:`Passes` (an epoch of unknown length)."""
 
     def __init__(self, passes: Passes) -> None:
         self.passes = passes
@@ -141,23 +129,15 @@ def _indexable(data: Any) -> bool:
 
 
 def epochs_dataset(data: Any, epochs: int) -> tuple[Iterable[Any], int | None]:
-    """The dataset of ``epochs`` passes over ``data`` and an epoch's length in batches
-    (``None`` when ``data`` has no ``len()``: the end of the first pass tells).
+    """The dataset of ``epochs`` passes over ``data``, and an epoch's length (``None``: unknown).
 
     Example:
         >>> dataset, length = epochs_dataset([1, 2, 3], 2)
         >>> list(dataset), length
         ([1, 2, 3, 1, 2, 3], 3)
-        >>> epochs_dataset(iter([1, 2]), 2)
-        Traceback (most recent call last):
-        ...
-        TypeError: train_loop(epochs=2): train_dataset is an iterator (list_iterator), ...
     """
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(
-            f"train_loop(epochs={epochs!r}): epochs must be a positive int (how many passes "
-            f"over train_dataset)."
-        )
+        raise ValueError(f"train_loop(epochs={epochs!r}): epochs must be a positive int.")
     first = None
     if hasattr(data, "__iter__"):
         if iter(data) is data and epochs > 1:
@@ -168,13 +148,9 @@ def epochs_dataset(data: Any, epochs: int) -> tuple[Iterable[Any], int | None]:
     elif callable(data):
         first = data()
         if not hasattr(first, "__iter__"):
-            raise TypeError(
-                _FUNCTION_NOT_A_DATASET.format(epochs=epochs, kind=type(first).__name__)
-            )
+            raise TypeError(_NOT_A_DATASET.format(epochs, type(first).__name__))
     else:
-        raise TypeError(
-            f"train_loop: train_dataset must be a dataset (an iterable of batches) or a "
-            f"function returning one, got {type(data).__name__}."
-        )
+        kind = type(data).__name__
+        raise TypeError(f"train_loop: train_dataset must be a dataset or a function, got {kind}.")
     length = len(first) if hasattr(first, "__len__") else None
     return Passes(_fresh(data), epochs, first), length

@@ -1,5 +1,4 @@
-"""``ciclo.evaluate_checkpoints``: the standalone evaluator of large training setups, which
-evaluates each checkpoint a training run writes, as it appears."""
+"""``ciclo.evaluate_checkpoints``: the standalone evaluator of a training run's checkpoints."""
 
 from __future__ import annotations
 
@@ -24,15 +23,12 @@ def _datasets(dataset: Any) -> dict[str | None, DatasetFactory]:
     """``{name or None: factory}``: ``None`` for a single dataset (entries keep their names)."""
     if isinstance(dataset, Mapping):
         if not dataset:
-            raise ValueError(
-                "evaluate_checkpoints: dataset is an empty dict; give a function returning "
-                "a dataset, or {name: function} for several evaluation sets."
-            )
+            raise ValueError("evaluate_checkpoints: dataset is an empty dict; give a function.")
         sets: dict[str | None, Any] = {}
         for name, factory in dataset.items():
             if not isinstance(name, str) or not name:
                 raise TypeError(
-                    f"evaluate_checkpoints: dataset names must be non-empty strings, got {name!r}."
+                    f"evaluate_checkpoints: dataset names must be strings, got {name!r}."
                 )
             sets[name] = factory
     else:
@@ -82,50 +78,23 @@ def evaluate_checkpoints(
     batch_size_fn: Callable[[Any], int] | None = None,
     stop: int | None = None,
 ) -> History:
-    """Evaluates every checkpoint that :class:`ciclo.checkpoint` wrote to ``directory``, in
-    step order, and with ``follow=True`` each new one as it appears: the standalone
-    evaluator that runs beside a training job.
+    """Evaluates every checkpoint in ``directory`` in step order (with ``follow``, each new one
+    as it appears): the standalone evaluator beside a training job.
 
-    Each checkpoint is restored into ``state`` (:func:`ciclo.restore`: the same structure,
-    with the template's shardings and strategy) and evaluated with :func:`ciclo.test_loop`
-    on a fresh ``dataset()``, so each metric equals a direct evaluation of that checkpoint.
-    The result is one history row per checkpoint, at the checkpoint's ``elapsed`` (its
-    training step, samples, time), so ``history.collect("steps", "accuracy")`` is a
-    learning curve.
-
-    Following: the directory is polled every ``poll_interval`` seconds (it need not exist
-    yet). The evaluator stops when ``final_marker`` exists (after evaluating every
-    checkpoint written before it: the trainer writes the marker after its last save), once
-    it has evaluated a checkpoint of ``final_step`` or later, or when ``timeout`` seconds
-    pass without a new checkpoint; without any of these it follows until interrupted.
-    Checkpoints are evaluated in increasing step order: when several appeared since the
-    last poll, all are evaluated; one the trainer deleted (``keep=...``) before it could be
-    read is skipped.
+    Each is restored into ``state`` (:func:`ciclo.restore`) and evaluated with
+    :func:`ciclo.test_loop`: one history row per checkpoint, at its ``elapsed``.
 
     Args:
         directory: the checkpoint directory (or a :class:`ciclo.checkpoint`).
-        state: a state built like the saved one; its structure, shapes, dtypes and
-            shardings are used, and its ``test_step`` method when ``tasks`` gives none.
-        dataset: a zero-argument function returning a fresh evaluation dataset, or a
-            re-iterable dataset (a list: iterated anew for each checkpoint), or a
-            dict ``{name: function or dataset}`` of several sets, whose entries are then renamed
-            ``<entry>_<name>`` (``accuracy_valid``, ``accuracy_test``) as in
-            :func:`ciclo.train_loop`; with one function, entries keep their names.
-        tasks, callbacks: the test step and callbacks, as in :func:`ciclo.test_loop`
-            (``{ciclo.on_test_step: test_step, ciclo.on_test_end: report}``).
-        follow: keep polling for new checkpoints.
-        timeout: with ``follow``, stop after this many seconds without a new checkpoint.
-        poll_interval: seconds between polls.
-        final_marker: with ``follow``, a file whose existence means training is done: a
-            name inside ``directory`` (``"FINISHED"``) or an absolute path.
-        final_step: stop after evaluating a checkpoint of this step or a later one.
-        history: a history to append to; checkpoints whose step it already holds are
-            skipped (restart an evaluator without repeating work).
-        batch_size_fn: ``batch -> int``, the weight of a batch (see :func:`test_loop`).
+        state: a state built like the saved one (structure, shardings, ``test_step``).
+        dataset: a function returning a fresh dataset, a re-iterable dataset, or a dict
+            ``{name: ...}`` of several (entries renamed ``<entry>_<name>``).
+        tasks, callbacks, batch_size_fn: as in :func:`ciclo.test_loop`.
+        follow: keep polling every ``poll_interval`` seconds, until ``final_marker`` exists
+            (a file in ``directory`` or an absolute path), a checkpoint of ``final_step`` or
+            later is evaluated, or ``timeout`` seconds pass without a new one.
+        history: a history to append to (steps it holds are skipped).
         stop: evaluate only this many batches of each dataset.
-
-    Returns:
-        A :class:`ciclo.History` with one row per evaluated checkpoint.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, numpy as np, tempfile

@@ -1,9 +1,5 @@
-"""Named schedules: *moments* of the predefined loops (``on_epoch_end``, ``on_train_step``...).
-
-A named schedule is not a function of the count: the loop that runs it knows when the
-moment comes (the end of an epoch depends on ``epoch_duration``, the end of an evaluation on
-the evaluation set). So they are keys for ``train_loop``, ``test_loop`` and
-``predict_loop``'s ``tasks``, and the names of the hook methods callback objects define.
+"""Named schedules: *moments* of the predefined loops (``on_epoch_end``, ``on_train_step``...),
+keys of their ``tasks`` and names of callback objects' hook methods.
 """
 
 from __future__ import annotations
@@ -23,9 +19,7 @@ __all__ = [
 ]
 
 
-# The one list of moments: (name, the loops that run it, when). Each loop's moments are
-# these, in this order, which is the order that loop runs them (train_loop runs the test
-# moments too, for its evaluations, before on_epoch_end).
+# The one list of moments: (name, the loops that run it, when), in the order they run.
 _MOMENTS = (
     ("on_train_begin", "train", "once, before the first training step"),
     (
@@ -66,8 +60,7 @@ _OWNER_TEXT = {
 
 @functools.cache
 def moments(*loops: str) -> tuple[str, ...]:
-    """The names of the moments that any of ``loops`` (``"train"``, ``"test"``,
-    ``"predict"``) runs, in the order they run.
+    """The names of the moments that any of ``loops`` (``"train"``, ``"test"``...) runs, in order.
 
     Example:
         >>> moments("test")[:3]
@@ -117,18 +110,12 @@ STATE_METHODS = {
 
 
 def named_schedule(key: NamedSchedule | str) -> NamedSchedule:
-    """The named schedule for ``key`` (a :class:`NamedSchedule` or its name).
-
-    Raises:
-        ValueError: for an unknown name, suggesting the closest ones.
-    """
+    """The named schedule for ``key`` (one or its name); an unknown name suggests close ones."""
     if isinstance(key, NamedSchedule):
         return key
     found = NAMED_SCHEDULES.get(key)
     if found is not None:
         return found
     close = difflib.get_close_matches(key, NAMED_SCHEDULES, n=3)
-    hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
-    raise ValueError(
-        f"unknown named schedule {key!r}.{hint} Named schedules: {', '.join(NAMED_SCHEDULES)}."
-    )
+    hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else " See ciclo.on_*."
+    raise ValueError(f"unknown named schedule {key!r}.{hint}")

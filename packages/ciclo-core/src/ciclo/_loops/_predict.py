@@ -28,10 +28,8 @@ def _concatenate(name: str, values: list[Any]) -> Any:
         try:
             return xp.concatenate(leaves, axis=0)
         except (TypeError, ValueError) as error:
-            raise ValueError(
-                f"predict_loop cannot concatenate output {name!r} along the batch axis: "
-                f"{error}. Pass concatenate=False to get one value per batch."
-            ) from None
+            msg = f"predict_loop cannot concatenate output {name!r}: {error}"
+            raise ValueError(f"{msg}; pass concatenate=False.") from None
 
     return jax.tree.map(concat, *values)
 
@@ -48,25 +46,17 @@ def predict_loop(
     metadata: Any = None,
     **loop_kwargs: Any,
 ) -> tuple[Any, dict[str, Any], Elapsed]:
-    """Runs the prediction step over ``dataset`` and collects its outputs.
+    """Runs the prediction step over ``dataset`` and collects its outputs (kept on device).
 
-    A prediction step returns ``(outputs, logs, state)`` (or logs with an ``outputs``
-    collection); a non-dict ``outputs`` is collected under the name ``"outputs"``.
-    Outputs stay on device; nothing is fetched per batch.
-
-    Order: ``on_reset_step``, ``on_predict_begin``; per batch ``on_predict_batch_begin``,
-    ``on_predict_step`` with the ordinary schedules of ``tasks``, ``on_predict_batch_end``;
-    then ``on_predict_end``.
+    A step returns ``(outputs, logs, state)`` (or logs with an ``outputs`` collection); a
+    non-dict ``outputs`` is collected as ``"outputs"``.
 
     Args:
-        state: the state; its ``predict_step`` method runs unless ``tasks`` or
-            ``callbacks`` give callbacks for ``on_predict_step``.
+        state: the state; its ``predict_step`` runs unless ``tasks``/``callbacks`` give one.
         dataset: an iterable of batches.
         tasks, callbacks: as in :func:`test_loop`, with the predict schedules.
-        concatenate: concatenate each output along the batch axis (0-d outputs are
-            stacked); by default each output is a list with one value per batch.
-        stop, batch_size_fn, metadata, **loop_kwargs: as in :func:`ciclo.loop`
-            (``max_steps_in_flight`` defaults to 8, as in :func:`ciclo.test_loop`).
+        concatenate: concatenate each output along the batch axis (else a list per batch).
+        stop, batch_size_fn, metadata, **loop_kwargs: as in :func:`ciclo.loop`.
 
     Returns:
         ``(state, outputs, elapsed)`` with ``outputs`` a dict ``{name: values}``.

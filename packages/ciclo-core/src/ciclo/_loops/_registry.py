@@ -1,16 +1,5 @@
-"""Which callbacks run under each named schedule of a predefined loop.
-
-Where callbacks come from, for each named schedule, in this order:
-
-1. ``tasks`` entries under it (``{ciclo.on_epoch_end: [...]}`` or ``{"on_epoch_end": ...}``);
-2. the objects of ``callbacks=[...]``, in list order, through their method of that name;
-3. for the step schedules (``on_train_step``, ``on_test_step``, ``on_predict_step``,
-   ``on_reset_step``): the state's own method (``train_step``, ...), only when neither
-   ``tasks`` nor ``callbacks`` gives anything for it. Giving ``on_train_step`` callbacks
-   thus *replaces* the state's ``train_step`` instead of running a second training step.
-
-Ordinary schedules of ``tasks`` (``ciclo.every(100)``) run with the step, in ``tasks``
-order (the *step phase*).
+"""Which callbacks run under each named schedule of a predefined loop: ``tasks`` entries, then
+``callbacks=[...]`` hook methods, then (step schedules only) the state's own step method.
 """
 
 from __future__ import annotations
@@ -47,8 +36,7 @@ class Hook:
 
 
 class _StateMethod:
-    """Calls the *current* state's method (``state.train_step(batch)``): the state is
-    replaced at every step, so the method is looked up on each call."""
+    """Calls the *current* state's method, looked up on each call (the state is replaced)."""
 
     def __init__(self, method: str) -> None:
         self.method = method
@@ -62,17 +50,13 @@ class _StateMethod:
         if arity is None:
             arity = self._arity[type(state)] = positional_arity(bound)
             if arity > 3:
-                raise TypeError(
-                    f"state.{self.method} takes {arity} arguments besides the state; a loop "
-                    f"passes at most (batch, elapsed, loop_state)."
-                )
+                msg = "a loop passes at most (batch, elapsed, loop_state)"
+                raise TypeError(f"state.{self.method} takes {arity} arguments; {msg}.")
         return bound(*(loop_state.batch, loop_state.elapsed, loop_state)[:arity])
 
 
 def _state_hook(state: Any, method: str) -> Any:
-    """The callback for the state's own step method. A managed step (a class attribute
-    with ``__loop_callback__``) already runs on the loop's current state and can fuse
-    steps, so it is registered as it is; a plain method is looked up on each call."""
+    """The state's step method: a managed step (a class-level loop callback) as it is."""
     attribute = getattr(type(state), method, None)
     if isinstance(attribute, LoopCallback):
         return attribute
@@ -97,16 +81,10 @@ def _overrides_default_schedule(obj: Any) -> bool:
 _STEP_SLOT = object()  # where the step schedule's callbacks go among ordinary tasks
 
 _NO_HOOK = (
-    "callback {name} has no hook that {loop} calls ({has}). An object in callbacks=[...] "
-    "needs a method named after a schedule of {loop} ({schedules}), e.g. "
-    "`def on_epoch_end(self, state, batch, elapsed, loop_state): ...`, or a "
-    "default_schedule() (a ciclo.LoopCallbackBase). Functions and other objects go in tasks "
-    "under a schedule: tasks={{ciclo.every(100): callback}}."
+    "callback {} has no hook that {} calls ({}); give it a method of {}, "
+    "or put it in tasks={{ciclo.every(100): callback}}."
 )
-_NO_STEP = (
-    "{loop} has no {method}: give tasks={{ciclo.{step}: {method}}} (a function taking the "
-    "first 0-4 of (state, batch, elapsed, loop_state)), or a state with a `{method}` method."
-)
+_NO_STEP = "{0} has no {1}: give tasks={{ciclo.{2}: fn}} or a state with `{1}`."
 
 
 class Registry:
@@ -119,11 +97,8 @@ class Registry:
         state, tasks, callbacks: the loop's arguments.
 
     Attributes:
-        named: named schedule -> callbacks (tasks first, then callback objects, then the
-            state's method for step schedules).
-        step_phase: ``(schedule, callbacks)`` of the step, in ``tasks`` order: the ordinary
-            schedules, with the step schedule's callbacks at its position in ``tasks``
-            (first when ``tasks`` does not name it).
+        named: named schedule -> callbacks.
+        step_phase: ``(schedule, callbacks)`` of the step, in ``tasks`` order.
 
     Example:
         >>> import ciclo
@@ -162,20 +137,17 @@ class Registry:
     def _named(self, key: NamedSchedule | str) -> str:
         name = named_schedule(key).name
         if name not in self.named:
-            raise ValueError(
-                f"{NAMED_SCHEDULES[name]!r} is not a moment of {self.loop_name}: it belongs to "
-                f"{owner(name)}. {self.loop_name} runs {', '.join(self.names)}."
-            )
+            moment = f"{NAMED_SCHEDULES[name]!r} is not a moment of {self.loop_name}"
+            runs = f"{self.loop_name} runs {', '.join(self.names)}"
+            raise ValueError(f"{moment}: it belongs to {owner(name)}; {runs}.")
         return name
 
     def _add_tasks(self, tasks: Mapping[Any, Any] | None) -> None:
         if tasks is None:
             return
         if not isinstance(tasks, Mapping):
-            raise TypeError(
-                f"{self.loop_name}: tasks must be a dict {{schedule: callback or [callbacks]}}, "
-                f"got {type(tasks).__name__}. Example: {{ciclo.on_epoch_end: report}}."
-            )
+            kind = type(tasks).__name__
+            raise TypeError(f"{self.loop_name}: tasks must be a dict of schedules, got {kind}.")
         for key, callbacks in tasks.items():
             if isinstance(key, NamedSchedule | str):
                 name = self._named(key)
@@ -189,10 +161,8 @@ class Registry:
         if callbacks is None:
             return
         if not isinstance(callbacks, list | tuple):
-            raise TypeError(
-                f"{self.loop_name}: callbacks must be a list of callback objects, got "
-                f"{type(callbacks).__name__}. Example: callbacks=[ciclo.keras_bar(1000)]."
-            )
+            kind = type(callbacks).__name__
+            raise TypeError(f"{self.loop_name}: callbacks must be a list, got {kind}.")
         for obj in callbacks:
             check_not_a_class(obj)
             hooks = named_hooks(obj, NAMED_SCHEDULES)
@@ -205,14 +175,8 @@ class Registry:
                 self.step_phase.append((obj.default_schedule(), obj))
                 continue
             has = f"its hooks are {', '.join(hooks)}" if hooks else "it has no hook method"
-            raise TypeError(
-                _NO_HOOK.format(
-                    name=callback_name(obj),
-                    loop=self.loop_name,
-                    has=has,
-                    schedules=", ".join(self.names),
-                )
-            )
+            name, schedules = callback_name(obj), ", ".join(self.names)
+            raise TypeError(_NO_HOOK.format(name, self.loop_name, has, schedules))
 
     def step_tasks(self) -> list[tuple[Any, list[Any]]]:
         """The step phase with the step schedule's callbacks in place."""
@@ -224,16 +188,11 @@ class Registry:
     def require_step(self, method: str) -> None:
         """Raises when the loop has nothing to run at its step."""
         if not self.step_phase:
-            raise ValueError(
-                _NO_STEP.format(loop=self.loop_name, method=method, step=self.step_name)
-            )
+            raise ValueError(_NO_STEP.format(self.loop_name, method, self.step_name))
 
 
 def loop_tasks(*pairs: tuple[Any, Any]) -> dict[Any, Any]:
-    """A tasks dict for ``loop`` from ``(schedule, callbacks)`` pairs; empty ones skipped.
-
-    Internal steps use fresh ``always()`` keys, so user schedules keep their place and
-    their identity (for resuming).
+    """A tasks dict from ``(schedule, callbacks)`` pairs; empty ones skipped, repeats joined.
 
     Example:
         >>> import ciclo

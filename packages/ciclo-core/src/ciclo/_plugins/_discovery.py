@@ -1,10 +1,5 @@
-"""Finding adapters, lazily: installed ones (entry-point group ``ciclo.adapters``), those
-registered in this process, and the extras they carry.
-
-Nothing here runs when ``ciclo`` is imported: adapters are looked up the first time a
-state is built through ``ciclo.create_state`` or a ``ciclo.create_*_state`` forward, or
-the first time core needs an extra (a resume restoring in place, a sharded strategy placing
-a state), and a broken adapter is reported then, never at import.
+"""Finding adapters lazily: installed ones (entry-point group ``ciclo.adapters``), those
+registered in this process, and their extras. Nothing runs at ``import ciclo``.
 """
 
 from __future__ import annotations
@@ -70,25 +65,10 @@ def installed_adapters() -> list[str]:
     return sorted({ep.name for ep in _entry_points()} | set(_REGISTERED))
 
 
-_NOT_AN_ADAPTER_RECORD = (
-    "register_adapter needs a ciclo.adapters.Adapter record, got {kind}. Example: "
-    "register_adapter(ciclo.adapters.Adapter(name=..., distribution=..., handles=..., "
-    "create_state=...))."
-)
-
-
 def register_adapter(adapter: Adapter) -> Adapter:
-    """Registers ``adapter`` in this process, without installing a package: for an adapter
-    defined in a script, a notebook or a test (an installed adapter registers itself under
-    the ``ciclo.adapters`` entry-point group instead). Registering a name again replaces
-    the earlier registration.
+    """Registers ``adapter`` in this process (a script's adapter; replaces one of the same name).
 
-    Returns:
-        ``adapter``, so a module can write ``adapter = register_adapter(Adapter(...))``.
-
-    Raises:
-        TypeError: ``adapter`` is not a :class:`~ciclo.adapters.Adapter`.
-        ValueError: an installed package already registers an adapter of that name.
+    Returns ``adapter``; a name an installed package registers is a ``ValueError``.
 
     Example:
         >>> import ciclo
@@ -101,13 +81,11 @@ def register_adapter(adapter: Adapter) -> Adapter:
         True
     """
     if not isinstance(adapter, Adapter):
-        raise TypeError(_NOT_AN_ADAPTER_RECORD.format(kind=type(adapter).__name__))
+        raise TypeError(f"register_adapter needs a ciclo.adapters.Adapter, got {adapter!r}.")
     installed = [ep for ep in _entry_points() if ep.name == adapter.name]
     if installed:
-        raise ValueError(
-            f"an installed package already registers the ciclo adapter {adapter.name!r} "
-            f"({_describe(installed[0])}); give yours another name."
-        )
+        where = _describe(installed[0])
+        raise ValueError(f"{where} registers the adapter {adapter.name!r}; rename yours.")
     _REGISTERED[adapter.name] = adapter
     _LOADED[adapter.name] = adapter
     return adapter
@@ -120,23 +98,15 @@ def _install_hint(name: str) -> str:
     return f"install the package that registers the {name!r} ciclo adapter"
 
 
-_ADAPTER_IMPORT_FAILED = (
-    "the ciclo adapter {name!r} ({entry_point}) failed to import: {error_kind}: {error}. "
-    "Reinstall or upgrade it: {fix}."
-)
-_ENTRY_POINT_NOT_AN_ADAPTER = (
-    "the ciclo adapter entry point {entry_point} must point to a ciclo.adapters.Adapter, but "
-    'it loads {kind}. Point it at the record, e.g. {name} = "my_adapter:adapter".'
-)
+_ADAPTER_IMPORT_FAILED = "the ciclo adapter {!r} ({}) failed to import: {}: {}; fix: {}."
+_NOT_AN_ADAPTER = "entry point {} must point to a ciclo.adapters.Adapter, but it loads {}."
 
 
 def get_adapter(name: str) -> Adapter:
     """The installed adapter called ``name``, imported on first use.
 
-    Raises:
-        AdapterNotInstalledError: no installed adapter has this name (the message says
-            which ``pip install`` fixes it).
-        AdapterLoadError: the adapter is installed but failed to import.
+    Raises :class:`AdapterNotInstalledError` (saying what to ``pip install``) or
+    :class:`AdapterLoadError`.
 
     Example:
         >>> import ciclo
@@ -150,10 +120,8 @@ def get_adapter(name: str) -> Adapter:
         return adapter
     found = [ep for ep in _entry_points() if ep.name == name]
     if not found:
-        raise AdapterNotInstalledError(
-            f"no ciclo adapter named {name!r} is installed (installed: "
-            f"{installed_adapters() or 'none'}). Fix: {_install_hint(name)}."
-        )
+        hint, installed = _install_hint(name), installed_adapters() or "none"
+        raise AdapterNotInstalledError(f"no ciclo adapter named {name!r} ({installed}); {hint}.")
     if len({ep.value for ep in found}) > 1:
         raise AdapterLoadError(
             f"several packages register the ciclo adapter {name!r}: "
@@ -163,21 +131,13 @@ def get_adapter(name: str) -> Adapter:
     try:
         adapter = entry_point.load()
     except Exception as error:
-        raise AdapterLoadError(
-            _ADAPTER_IMPORT_FAILED.format(
-                name=name,
-                entry_point=_describe(entry_point),
-                error_kind=type(error).__name__,
-                error=error,
-                fix=_install_hint(name).replace("pip install", "pip install -U"),
-            )
-        ) from error
+        fix = _install_hint(name).replace("pip install", "pip install -U")
+        where = _describe(entry_point)
+        message = _ADAPTER_IMPORT_FAILED.format(name, where, type(error).__name__, error, fix)
+        raise AdapterLoadError(message) from error
     if not isinstance(adapter, Adapter):
-        raise AdapterLoadError(
-            _ENTRY_POINT_NOT_AN_ADAPTER.format(
-                entry_point=_describe(entry_point), kind=type(adapter).__name__, name=name
-            )
-        )
+        where, kind = _describe(entry_point), type(adapter).__name__
+        raise AdapterLoadError(_NOT_AN_ADAPTER.format(where, kind))
     _LOADED[name] = adapter
     return adapter
 
@@ -188,28 +148,14 @@ def _describe(entry_point: metadata.EntryPoint) -> str:
     return f"{entry_point.value}{origin}"
 
 
-_SEVERAL_ADAPTERS = (
-    "several ciclo adapters handle a {kind}: {names}. Call the one you want directly, e.g. "
-    "{module}.create_state(...)."
-)
+_SEVERAL_ADAPTERS = "several ciclo adapters handle a {}: {}; call {}.create_state directly."
 _NO_ADAPTER = (
-    "ciclo.create_state cannot build a state for a {module}.{kind}: no installed ciclo "
-    "adapter handles it ({found}). Install the adapter of your framework (pip install "
-    "ciclo-flax, ciclo-haiku or ciclo-equinox), or build a ciclo.managed.ManagedState "
-    "yourself."
+    "no installed ciclo adapter handles it ({}; {}); pip install ciclo-flax, -haiku or -equinox."
 )
 
 
 def adapter_for(model: Any) -> Adapter:
-    """The installed adapter that handles ``model`` (by its type).
-
-    Adapters whose framework is already imported, and adapters registered in this process,
-    are asked first (a model of a framework implies it is imported), so no other framework
-    gets imported.
-
-    Raises:
-        TypeError: no installed adapter handles the model, or several do.
-    """
+    """The installed adapter that handles ``model`` (those of imported frameworks asked first)."""
     entry_names = installed_adapters()
     imported = [n for n in entry_names if n in _REGISTERED or n.split(".")[0] in sys.modules]
     others = [n for n in entry_names if n not in imported]
@@ -227,26 +173,18 @@ def adapter_for(model: Any) -> Adapter:
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:
-            raise TypeError(
-                _SEVERAL_ADAPTERS.format(
-                    kind=type(model).__qualname__,
-                    names=[a.name for a in matches],
-                    module=matches[0].create_state.__module__,
-                )
-            )
+            names, module = [a.name for a in matches], matches[0].create_state.__module__
+            raise TypeError(_SEVERAL_ADAPTERS.format(type(model).__qualname__, names, module))
     text = f"installed adapters: {entry_names or 'none'}"
     if broken:
         text += "; failed to load: " + "; ".join(f"{n}: {e}" for n, e in broken.items())
     raise TypeError(
-        _NO_ADAPTER.format(module=type(model).__module__, kind=type(model).__qualname__, found=text)
+        _NO_ADAPTER.format(f"{type(model).__module__}.{type(model).__qualname__}", text)
     )
 
 
 def create_state(model: Any, *args: Any, **kwargs: Any) -> Any:
     """Builds the state of ``model`` with the adapter of its framework (picked by type).
-
-    The arguments are those of the adapter's ``create_state``, e.g. for a Flax Linen module
-    ``ciclo.create_state(module, sample_inputs, optax.adam(1e-3), losses={...})``.
 
     Example::
 
@@ -262,65 +200,41 @@ def _forward(public: str, adapter_name: str, factory_name: str, args: Any, kwarg
     try:
         adapter = get_adapter(adapter_name)
     except AdapterNotInstalledError:
-        raise AdapterNotInstalledError(
-            f"ciclo.{public} needs the {adapter_name} adapter, which is not installed. "
-            f"Fix: {_install_hint(adapter_name)}."
-        ) from None
+        hint = _install_hint(adapter_name)
+        raise AdapterNotInstalledError(f"ciclo.{public} needs an adapter; fix: {hint}.") from None
     factory = adapter.factory(factory_name)
     if factory is None:
-        raise AdapterLoadError(
-            f"ciclo.{public}: the installed {adapter.distribution} has no {factory_name}; "
-            f"upgrade it: pip install -U {adapter.distribution}."
-        )
+        found = f"ciclo.{public}: {adapter.distribution} has no {factory_name}"
+        raise AdapterLoadError(f"{found}; upgrade it: pip install -U {adapter.distribution}.")
     return factory(*args, **kwargs)
 
 
 def create_flax_state(*args: Any, **kwargs: Any) -> Any:
-    """``ciclo_flax.create_state`` (Flax Linen), imported on first use.
-
-    Raises:
-        AdapterNotInstalledError: ``ciclo-flax`` is not installed (``pip install ciclo-flax``).
-    """
+    """``ciclo_flax.create_state`` (Flax Linen), imported on first use."""
     return _forward("create_flax_state", "flax", "create_state", args, kwargs)
 
 
 def create_nnx_state(*args: Any, **kwargs: Any) -> Any:
-    """``ciclo_flax.create_nnx_state`` (Flax NNX), imported on first use.
-
-    Raises:
-        AdapterNotInstalledError: ``ciclo-flax`` is not installed (``pip install ciclo-flax``).
-    """
+    """``ciclo_flax.create_nnx_state`` (Flax NNX), imported on first use."""
     return _forward("create_nnx_state", "flax", "create_nnx_state", args, kwargs)
 
 
 def create_haiku_state(*args: Any, **kwargs: Any) -> Any:
-    """``ciclo_haiku.create_state``, imported on first use.
-
-    Raises:
-        AdapterNotInstalledError: ``ciclo-haiku`` is not installed (``pip install ciclo-haiku``).
-    """
+    """``ciclo_haiku.create_state``, imported on first use (``pip install ciclo-haiku``)."""
     return _forward("create_haiku_state", "haiku", "create_state", args, kwargs)
 
 
 def create_equinox_state(*args: Any, **kwargs: Any) -> Any:
-    """``ciclo_equinox.create_state``, imported on first use.
-
-    Raises:
-        AdapterNotInstalledError: ``ciclo-equinox`` is not installed
-            (``pip install ciclo-equinox``).
-    """
+    """``ciclo_equinox.create_state``, imported on first use (``pip install ciclo-equinox``)."""
     return _forward("create_equinox_state", "equinox", "create_state", args, kwargs)
 
 
-# --- extras -------------------------------------------------------------------------------
-#: Extras registered in this process, by kind (``ciclo.adapters.register_restore_in_place``,
-#: ``ciclo.managed.register_partition_metadata``): for types of a script's own code.
+#: Extras registered in this process, by kind (for types of a script's own code).
 _REGISTERED_EXTRAS: dict[str, dict[type, Callable[..., Any]]] = {kind: {} for kind in EXTRAS}
 
 
 def register_extra(kind: str, node_type: type, fn: Callable[..., Any], *, argument: str) -> None:
-    """Adds ``{node_type: fn}`` to the extra ``kind`` (one of ``Adapter``'s extras) in this
-    process, for ``register_<kind>(node_type, <argument>)``, whose arguments it checks.
+    """Adds ``{node_type: fn}`` to the extra ``kind`` in this process, checking the arguments.
 
     Example:
         >>> class Box: ...
@@ -331,15 +245,10 @@ def register_extra(kind: str, node_type: type, fn: Callable[..., Any], *, argume
         True
     """
     if not isinstance(node_type, type):
-        raise TypeError(
-            f"register_{kind}(node_type, {argument}): node_type must be a class, got {node_type!r}."
-        )
+        raise TypeError(f"register_{kind}: node_type must be a class, got {node_type!r}.")
     if not callable(fn):
-        signature = EXTRA_SIGNATURES[kind][0]
-        raise TypeError(
-            f"register_{kind}({node_type.__name__}, {argument}): {argument} must be a "
-            f"function {signature}, got {fn!r}."
-        )
+        signature = EXTRA_SIGNATURES[kind]
+        raise TypeError(f"register_{kind}: {argument} must be a function {signature}, got {fn!r}.")
     _REGISTERED_EXTRAS[kind][node_type] = fn
 
 
@@ -377,8 +286,7 @@ def register_restore_in_place(node_type: type, restore_into: Callable[[Any, Any]
 
 
 def registered_extras() -> list[type]:
-    """The classes this process registered extras for with :func:`register_extra` (an
-    adapter's are on its record instead).
+    """The classes this process registered extras for with :func:`register_extra`.
 
     Example:
         >>> isinstance(registered_extras(), list)
@@ -388,14 +296,8 @@ def registered_extras() -> list[type]:
 
 
 def extras(kind: str) -> tuple[dict[type, Callable[..., Any]], dict[str, str]]:
-    """``(table, broken)``: the extra ``kind`` (``"restore_in_place"`` or
-    ``"partition_metadata"``) as one table ``{class: function}``, and the adapters that
-    failed to load (``{name: error}``), which the caller reports.
-
-    The table holds what this process registered with :func:`register_extra`, then the
-    extras of the adapters it registered and of the installed adapters whose framework is
-    imported (a state cannot hold objects of another), each loaded now if it was not; an
-    earlier entry wins for the same class, and the order is the order of lookup.
+    """``({class: function}, {adapter: error})``: the extra ``kind`` of this process and the
+    adapters of imported frameworks (earlier entries win), and the adapters that failed to load.
 
     Example:
         >>> table, broken = extras("partition_metadata")

@@ -1,5 +1,4 @@
-"""``Adapter``: the record an adapter package registers under the ``ciclo.adapters``
-entry-point group, the one way a package plugs into ciclo."""
+"""``Adapter``: the record an adapter package registers under ``ciclo.adapters``."""
 
 from __future__ import annotations
 
@@ -9,18 +8,14 @@ from typing import Any
 
 __all__ = ["Adapter", "EXTRAS"]
 
-#: The extras an adapter may carry: tables ``{class: function}`` that core reads when it
-#: meets objects of those classes (subclasses too) in a state.
+#: The extras an adapter may carry: tables ``{class: function}`` for objects in a state.
 EXTRAS = ("restore_in_place", "partition_metadata")
 
-_BAD_EXTRA = (
-    "ciclo.adapters.Adapter({name!r}): {extra} maps classes to functions ({signature}), "
-    "got {key!r}: {value!r}. Example: {extra}={{{example}}}."
-)
-#: Each extra's function signature and an example entry, for messages.
+_BAD_EXTRA = "ciclo.adapters.Adapter({!r}): {} maps classes to functions ({}), got {!r}: {!r}."
+#: Each extra's function signature, for messages.
 EXTRA_SIGNATURES = {
-    "restore_in_place": ("(original, restored) -> None", "nnx.Module: update_in_place"),
-    "partition_metadata": ("node -> PartitionSpec | None", "nn.Partitioned: spec_of"),
+    "restore_in_place": "(original, restored) -> None",
+    "partition_metadata": "node -> PartitionSpec | None",
 }
 
 
@@ -28,39 +23,26 @@ EXTRA_SIGNATURES = {
 class Adapter:
     """What an adapter package registers under the ``ciclo.adapters`` entry-point group.
 
-    The entry point's name is the import name of the framework (``flax``, ``haiku``,
-    ``equinox``): :func:`ciclo.create_state` only loads adapters whose framework is already
-    imported, so building a state never imports another framework; core reads the extras
-    (:attr:`restore_in_place`, :attr:`partition_metadata`) of the adapters whose framework
-    is imported, the first time it needs them (a state cannot hold objects of a framework
-    that is not imported).
+    The entry point's name is the framework's import name; an adapter is loaded only once its
+    framework is imported.
 
     Attributes:
-        name: the framework's import name (the entry point's name).
-        distribution: the adapter's pip name, for error messages (``"ciclo-flax"``).
+        name: the framework's import name (``flax``).
+        distribution: the adapter's pip name, for messages (``"ciclo-flax"``).
         handles: ``model -> bool``: whether :attr:`create_state` accepts this model.
-        create_state: ``create_state(model, ...)``, the factory :func:`ciclo.create_state`
-            forwards to.
-        factories: other public factories by name (``{"create_nnx_state": ...}``), found
-            by the lazy forwards of ``ciclo``.
-        restore_in_place: ``{class: restore_into}``: objects of these classes in a loop's
-            state are updated in place when the loop resumes, ``restore_into(original,
-            restored)`` copying the checkpoint's values into the object the state held
-            (mutable models captured by a step's closure, as NNX's are); see
-            :func:`ciclo.adapters.register_restore_in_place`.
-        partition_metadata: ``{class: spec_of}``: pytree nodes carrying sharding
-            annotations, and ``spec_of(node) -> PartitionSpec | None``, read by the sharded
-            strategies; see :func:`ciclo.managed.register_partition_metadata`.
+        create_state: the factory :func:`ciclo.create_state` forwards to.
+        factories: other factories by name (``{"create_nnx_state": ...}``).
+        restore_in_place: ``{class: restore_into(original, restored)}`` (see
+            :func:`ciclo.adapters.register_restore_in_place`).
+        partition_metadata: ``{class: spec_of(node)}`` (see
+            :func:`ciclo.managed.register_partition_metadata`).
 
-    Example (in ``my_adapter/__init__.py``, with ``[project.entry-points."ciclo.adapters"]
-    myframework = "my_adapter:adapter"`` in its ``pyproject.toml``)::
+    Example::
 
         adapter = ciclo.adapters.Adapter(
-            name="myframework",
-            distribution="ciclo-myframework",
+            name="myframework", distribution="ciclo-myframework",
             handles=lambda model: isinstance(model, myframework.Module),
             create_state=create_state,
-            restore_in_place={myframework.Module: myframework.update},
         )
     """
 
@@ -80,17 +62,8 @@ class Adapter:
         for extra in EXTRAS:
             for key, value in getattr(self, extra).items():
                 if not isinstance(key, type) or not callable(value):
-                    signature, example = EXTRA_SIGNATURES[extra]
-                    raise TypeError(
-                        _BAD_EXTRA.format(
-                            name=self.name,
-                            extra=extra,
-                            signature=signature,
-                            key=key,
-                            value=value,
-                            example=example,
-                        )
-                    )
+                    signature = EXTRA_SIGNATURES[extra]
+                    raise TypeError(_BAD_EXTRA.format(self.name, extra, signature, key, value))
 
     def factory(self, name: str) -> Callable[..., Any] | None:
         """The factory called ``name`` (``"create_state"`` or one of :attr:`factories`)."""

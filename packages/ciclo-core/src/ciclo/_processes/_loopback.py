@@ -1,6 +1,6 @@
 """A job of several processes on one machine (loopback), for tests and benchmarks of
-multi-process code: :func:`run_on_loopback` starts them, :func:`join_loopback` makes each
-one a process of the JAX job (``jax.distributed`` with gloo for CPU collectives)."""
+multi-process code (``jax.distributed`` with gloo for CPU collectives).
+"""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ def free_port() -> int:
 
 
 def join_loopback(process: int, count: int, port: int, *, timeout: int = 60) -> None:
-    """Makes this Python process process ``process`` of a job of ``count`` on 127.0.0.1,
-    whose coordinator (process 0) listens on ``port``; CPU collectives go through gloo.
+    """Makes this process process ``process`` of a ``count``-process job on 127.0.0.1:``port``.
+
     Call it before any other JAX call.
 
     Example::
@@ -62,9 +62,7 @@ def run_on_loopback(
     timeout: float = 150.0,
     env: Mapping[str, str] | None = None,
 ) -> LoopbackRun:
-    """Runs one command per process at once, on the CPU with ``devices_per_process``
-    simulated devices each, and waits for all; a job that is not over after ``timeout``
-    seconds is killed and raises ``TimeoutError`` (a hang fails, it never blocks).
+    """Runs one command per process on the CPU and waits; past ``timeout``, ``TimeoutError``.
 
     >>> import sys
     >>> run = run_on_loopback([[sys.executable, "-c", "print(1)"]] * 2)

@@ -1,8 +1,4 @@
-"""Which process writes an output (bars, log files, plots, messages).
-
-Every output callback takes ``process=``: the index of the one process that writes (``0`` by
-default), or ``None`` for every process. With a single process it always writes.
-"""
+"""Which process writes an output: ``process=`` is its index (default ``0``) or ``None`` (all)."""
 
 from __future__ import annotations
 
@@ -21,10 +17,7 @@ def check_output_process(process: int | None, owner: str) -> int | None:
     if process is None:
         return None
     if isinstance(process, bool) or not isinstance(process, int) or process < 0:
-        raise TypeError(
-            f"{owner}(process={process!r}): expected the index of the process that writes "
-            "(an int >= 0, default 0), or None for every process"
-        )
+        raise TypeError(f"{owner}(process={process!r}): expected a process index >= 0, or None")
     return process
 
 

@@ -1,15 +1,5 @@
-"""Aggregation of log entries, written once: many values of one entry become one value.
-
-One vocabulary, ``"last"``, ``"first"``, ``"mean"`` (sample-weighted), ``"sum"``, ``"min"``,
-``"max"``, a callable on the values stacked along axis 0, or ``None`` (leave the entry out),
-chosen per collection (:class:`Spec`), applied wherever logs are combined:
-
-- :class:`Aggregator`: over the steps of a loop, on device, as they come (``test_loop``);
-- :func:`aggregate_history`: over the rows of a history, on the host (``inner_loop``);
-- :func:`merge_micro_logs`: over the micro-batches of an accumulated step, in the step;
-- :func:`reduce_across_devices`: over the devices of a ``pmap`` step, in the step.
-
-:func:`reduce_stacked` is the one reduction of stacked values they share.
+"""Aggregation of log entries, one method per collection (:class:`Spec`), wherever logs are
+combined: steps (:class:`Aggregator`), history rows, micro-batches, ``pmap`` devices.
 """
 
 from __future__ import annotations
@@ -39,8 +29,7 @@ __all__ = [
     "rename_logs",
 ]
 
-#: How one entry is aggregated: a method name, a callable on the stacked values, or
-#: ``None`` to leave the entry out.
+#: How one entry is aggregated: a method name, a callable on the stacked values, or None.
 Aggregation = str | Callable[[Any], Any] | None
 #: One aggregation for every collection, or a dict ``{collection: aggregation}``.
 AggregationSpec = Aggregation | Mapping[str, Aggregation]
@@ -52,22 +41,18 @@ _NUMERIC_TYPES: set[type] = set()  # types seen to be subclasses of _NUMERIC
 
 
 def _is_numeric(value: Any) -> bool:
-    """Whether ``value`` can be reduced (remembering its type when that alone says so)."""
+    """Whether ``value`` can be reduced (caching its type when that alone says so)."""
     if issubclass(type(value), _NUMERIC):
         _NUMERIC_TYPES.add(type(value))
         return True
     return isinstance(value, _NUMERIC)  # e.g. a tracer, by its abstract value
 
 
-_UNKNOWN_AGGREGATION = (
-    "unknown aggregation {method!r} {where}; use one of {methods}, a callable on the values "
-    "stacked along axis 0 (e.g. jnp.median), None to leave the entries out, or a dict "
-    "{{collection: aggregation}}."
-)
+_UNKNOWN = "unknown aggregation {method!r}{where}; use one of {methods}, a callable or None."
 
 
 def check_method(method: Any, where: str) -> Aggregation:
-    """``method`` if it is an aggregation, else a ``ValueError`` that lists them.
+    """``method`` if it is an aggregation, else a ``ValueError`` listing them.
 
     Example:
         >>> check_method("mean", "")
@@ -75,11 +60,7 @@ def check_method(method: Any, where: str) -> Aggregation:
     """
     if method is None or callable(method) or method in METHODS:
         return method  # type: ignore[no-any-return]
-    raise ValueError(
-        _UNKNOWN_AGGREGATION.format(
-            method=method, where=where, methods=", ".join(map(repr, METHODS))
-        )
-    )
+    raise ValueError(_UNKNOWN.format(method=method, where=where, methods=METHODS))
 
 
 class Spec:
@@ -94,9 +75,9 @@ class Spec:
     def __init__(self, spec: AggregationSpec, default: Aggregation = "last") -> None:
         if isinstance(spec, Mapping):
             self.per_collection = {
-                str(c): check_method(m, f"for collection {c!r}") for c, m in spec.items()
+                str(c): check_method(m, f" for collection {c!r}") for c, m in spec.items()
             }
-            self.default = check_method(default, "(default)")
+            self.default = check_method(default, " (default)")
         else:
             self.per_collection = {}
             self.default = check_method(spec, "")
@@ -107,18 +88,14 @@ class Spec:
 
 
 def reduce_stacked(method: Aggregation, stacked: Any, weights: Any = None) -> Any:
-    """The values of one entry, stacked along axis 0, reduced to one by ``method``.
+    """The values of one entry, stacked along axis 0, reduced by ``method`` (NumPy or JAX).
 
-    Works on NumPy arrays (on the host) and on JAX arrays (on device, inside a compiled
-    step) alike. ``weights`` (one per value) weigh ``"mean"``; all-zero weights give the
-    unweighted mean.
+    ``weights`` weigh ``"mean"``; all-zero weights give the unweighted mean.
 
     Example:
         >>> import numpy as np
         >>> float(reduce_stacked("mean", np.array([1.0, 0.0]), weights=np.array([3.0, 1.0])))
         0.75
-        >>> float(reduce_stacked("max", np.array([1.0, 4.0])))
-        4.0
     """
     if method == "last":
         return stacked[-1]
@@ -137,9 +114,6 @@ def reduce_stacked(method: Aggregation, stacked: Any, weights: Any = None) -> An
     return getattr(xp, str(method))(stacked, axis=0)  # sum, min, max
 
 
-# --- over the steps of a loop, on device -------------------------------------------------
-
-
 def _combine_values(method: str, acc: Any, value: Any, weight: Any) -> Any:
     if method == "mean":
         return acc + value * weight
@@ -155,12 +129,7 @@ def _combine(method: str, acc: Any, values: Any, weight: Any) -> Any:
 def _fold(
     methods: tuple[str, ...], acc: tuple[Any, ...], steps: tuple[tuple[Any, ...], ...], weights: Any
 ) -> tuple[Any, ...]:
-    """``_combine`` of a chunk of steps in one call, in order (the same operations).
-
-    Entries are positional (the i-th of ``acc`` and of each step has ``methods[i]``), and
-    ``weights`` is one integer array, in which ``-1`` marks a padding step (a repeat of
-    another), left out: every chunk has the same size, so this compiles once.
-    """
+    """``_combine`` of a fixed-size chunk of steps in one call; weight ``-1`` marks padding."""
     out = list(acc)
     for values, weight in zip(steps, weights, strict=True):
         for i, (method, value) in enumerate(zip(methods, values, strict=True)):
@@ -184,26 +153,17 @@ _Key = tuple[str, str]
 _CHUNK = 16
 
 
-_NOT_A_NUMBER = (
-    "cannot aggregate log entry {collection}.{name} with {method!r}: it is {kind}, not a "
-    "number or an array. Use aggregation={{{collection!r}: 'last'}} (or None to drop it)."
-)
+_NOT_A_NUMBER = "cannot aggregate log entry {0}.{1} with {2!r}: not a number; use 'last' for {0!r}."
 
 
 class Aggregator:
-    """Aggregates the logs of many steps into one :class:`Logs`, on device.
+    """Aggregates the logs of many steps into one :class:`Logs`, on device (no host fetch).
 
-    ``add`` never fetches a value to the host; ``result`` returns device values.
-    ``"mean"`` is weighted (by samples in the predefined loops), so a small last batch is
-    not over-weighted. While the steps log the same entries, the reductions (``"mean"``,
-    ``"sum"``, ``"min"``, ``"max"``) of up to 16 steps run as one compiled call, so that
-    aggregating costs a fraction of a dispatch per step; a step that logs other entries
-    than the step before costs at most one call per method.
+    While the steps log the same entries, the reductions of up to 16 steps run as one
+    compiled call.
 
     Args:
-        aggregation: a method for every collection (``"last"``, ``"first"``, ``"mean"``,
-            ``"sum"``, ``"min"``, ``"max"``, a callable on the values stacked along axis 0, or
-            ``None`` to drop), or a dict ``{collection: method}``.
+        aggregation: a method for every collection, or a dict ``{collection: method}``.
         default: the method of collections the dict does not name.
 
     Example:
@@ -220,8 +180,6 @@ class Aggregator:
         self._values: dict[_Key, Any] = {}
         self._weights: dict[_Key, float] = {}
         self._stacks: dict[_Key, list[Any]] = {}
-        # Steps whose reductions are not combined yet; all reduce the entries `_keys`, which
-        # `_values` already holds.
         self._pending: list[tuple[dict[_Key, Any], float]] = []
         self._keys: tuple[_Key, ...] = ()
 
@@ -247,14 +205,7 @@ class Aggregator:
                 mean = method == "mean"
                 for name, value in entries.items():
                     if type(value) not in _NUMERIC_TYPES and not _is_numeric(value):
-                        raise TypeError(
-                            _NOT_A_NUMBER.format(
-                                collection=collection,
-                                name=name,
-                                method=method,
-                                kind=type(value).__name__,
-                            )
-                        )
+                        raise TypeError(_NOT_A_NUMBER.format(collection, name, method))
                     key = (collection, name)
                     reduced[key] = value
                     if mean:
@@ -323,12 +274,8 @@ class Aggregator:
         return out
 
 
-# --- over the rows of a history, on the host ---------------------------------------------
-
-
 def _row_weights(samples: list[int], final: int | None) -> list[float]:
-    """A row's weight is the samples its step consumed: up to the next row of a later
-    step, or up to ``final`` (the loop's returned count) for the last step."""
+    """Each row's weight: the samples its step consumed (up to the next step's, or ``final``)."""
     if final is None:
         return [1.0] * len(samples)
     weights = []
@@ -341,10 +288,7 @@ def _row_weights(samples: list[int], final: int | None) -> list[float]:
 def aggregate_history(
     history: History, aggregation: AggregationSpec, elapsed: Elapsed | None = None
 ) -> Logs:
-    """Aggregates the rows of ``history`` (on the host; the history is fetched anyway).
-
-    ``"mean"`` weighs each row by the samples of its step (needs ``elapsed``, the
-    :class:`~ciclo.Elapsed` the loop returned; unweighted without it).
+    """Aggregates the rows of ``history`` on the host; ``elapsed`` weighs ``"mean"`` by samples.
 
     Example:
         >>> import ciclo
@@ -390,17 +334,13 @@ def _reduce_column(
         if stacked.dtype.kind not in "biufc":  # bool, int, unsigned, float, complex
             raise TypeError
     except (TypeError, ValueError):
-        raise TypeError(
-            f"cannot aggregate log entry {'.'.join(where)} with {method!r}: its values are "
-            f"not numbers or arrays of one shape. Use aggregation={{{where[0]!r}: 'last'}}."
-        ) from None
+        raise TypeError(_NOT_A_NUMBER.format(*where, method)) from None
     result = reduce_stacked(method, stacked, np.asarray(weights))
     return result.item() if np.ndim(result) == 0 and hasattr(result, "item") else result
 
 
 def rename_logs(logs: Mapping[str, Mapping[str, Any]], suffix: str) -> Logs:
-    """``logs`` with every entry renamed ``<entry>_<suffix>`` (collections kept; the
-    ``elapsed`` collection left out).
+    """``logs`` with every entry renamed ``<entry>_<suffix>`` (``elapsed`` left out).
 
     Example:
         >>> import ciclo
@@ -416,25 +356,16 @@ def rename_logs(logs: Mapping[str, Mapping[str, Any]], suffix: str) -> Logs:
     return out
 
 
-# --- inside a compiled step: micro-batches and devices -----------------------------------
-
-#: How the micro-batches' logs of an accumulated step combine (other collections: "last";
-#: per-example outputs are put back in batch order).
 MICRO_BATCHES = Spec({"losses": "mean", "metrics": "mean"})
 
 
 def merge_micro_logs(stacked: Logs, rows: int) -> Logs:
-    """The logs of a whole batch from its micro-batches' logs, stacked along axis 0: losses
-    and metrics are averaged (equal to their value on the whole batch for per-example
-    means), outputs with ``rows`` rows per micro-batch are put back in batch order
-    (micro-batch ``j`` holds rows ``j, j + parts, ...``), anything else is the last one's.
+    """A batch's logs from its micro-batches' stacked logs (means; outputs back in batch order).
 
     Example:
         >>> import ciclo, jax.numpy as jnp
         >>> stacked = ciclo.logs().add_loss("l", jnp.array([1.0, 3.0]))
-        >>> stacked.add_output("y", jnp.array([[0, 2], [1, 3]]))
-        {'losses': {'l': Array([1., 3.], dtype=float32)}, 'outputs': {'y': Array([[0, 2],
-               [1, 3]], dtype=int32)}}
+        >>> _ = stacked.add_output("y", jnp.array([[0, 2], [1, 3]]))
         >>> merged = merge_micro_logs(stacked, rows=2)
         >>> float(merged.losses.l), merged.outputs.y.tolist()
         (2.0, [0, 1, 2, 3])
@@ -450,10 +381,7 @@ def merge_micro_logs(stacked: Logs, rows: int) -> Logs:
 
 
 def reduce_across_devices(logs: Logs, axis_name: str) -> Logs:
-    """The logs of a ``pmap`` step, each device's logs reduced over ``axis_name``: outputs
-    (per-example) gathered into the whole batch, other floating-point entries averaged
-    (``"mean"``, with ``lax.pmean``), integer entries left as they are (every device's
-    value is its own count; the first device's is returned).
+    """A ``pmap`` step's logs reduced over ``axis_name``: outputs gathered, floats averaged.
 
     Example:
         >>> import ciclo, jax, jax.numpy as jnp

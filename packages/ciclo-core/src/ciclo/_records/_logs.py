@@ -10,18 +10,11 @@ import jax
 
 __all__ = ["Logs", "empty_logs", "logs"]
 
-_UPDATES_IS_WRITE_ONLY = (
-    "Logs.updates is write-only: `logs.updates = other` merges `other` into `logs`. "
-    "Read entries with `logs.entry_value(name)` or `logs.<collection>.<name>`."
-)
+_WRITE_ONLY = "Logs.updates is write-only: `logs.updates = other` merges; use entry_value."
 
 
 class _CollectionView(MutableMapping[str, Any]):
-    """``logs.<collection>``: the collection's dict, with attribute access to its entries.
-
-    Collections are stored as plain dicts (fast to pass through ``jax.jit``); this view
-    reads and writes the same dict.
-    """
+    """``logs.<collection>``: a view of the collection's dict with attribute access."""
 
     __slots__ = ("_entries",)
 
@@ -32,8 +25,9 @@ class _CollectionView(MutableMapping[str, Any]):
         try:
             return self._entries[name]
         except KeyError:
+            entries = sorted(self._entries)
             raise AttributeError(
-                f"no entry {name!r} in this collection; entries: {sorted(self._entries)}"
+                f"no entry {name!r} in this collection; entries: {entries}"
             ) from None
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -62,24 +56,13 @@ class _CollectionView(MutableMapping[str, Any]):
 
 
 _NOT_A_NUMBER = (
-    "logs().{method}({name!r}, {value!r}): the value is a {kind}; losses and metrics are "
-    "numbers or arrays (aggregated, plotted, averaged). Log text with add_entry('text', "
-    "{name!r}, ...) or add_output."
+    "logs().{}({!r}, {!r}): the value is a {}; log text with add_entry('text', {!r}, ...) "
+    "or add_output."
 )
 
 
-def _not_a_number(method: str, name: str, value: Any) -> TypeError:
-    return TypeError(
-        _NOT_A_NUMBER.format(method=method, name=name, value=value, kind=type(value).__name__)
-    )
-
-
 class Logs(dict[str, Any]):
-    """Nested logs ``{collection: {name: value}}``, a JAX pytree.
-
-    Values may be device arrays: nothing is fetched to the host until a consumer (history,
-    a progress bar) asks for it. Collections are ``losses``, ``metrics``,
-    ``stateful_metrics``, ``outputs`` or any other name.
+    """Nested logs ``{collection: {name: value}}``, a JAX pytree whose values stay on device.
 
     Example:
         >>> import ciclo
@@ -97,10 +80,8 @@ class Logs(dict[str, Any]):
 
     def _set_collection(self, collection: str, entries: Any) -> None:
         if not isinstance(entries, Mapping):
-            raise TypeError(
-                f"Logs collection {collection!r} must be a mapping of name -> value, got "
-                f"{type(entries).__name__}. Example: Logs({{'metrics': {{'accuracy': acc}}}})."
-            )
+            kind = type(entries).__name__
+            raise TypeError(f"Logs collection {collection!r} must be a mapping, got {kind}.")
         dict.__setitem__(self, collection, dict(entries))
 
     def __setitem__(self, collection: str, entries: Any) -> None:
@@ -110,7 +91,7 @@ class Logs(dict[str, Any]):
         if name.startswith("__"):
             raise AttributeError(name)
         if name == "updates":  # the property's getter raised; Python then asks us
-            raise AttributeError(_UPDATES_IS_WRITE_ONLY)
+            raise AttributeError(_WRITE_ONLY)
         try:
             return _CollectionView(self[name])
         except KeyError:
@@ -118,7 +99,6 @@ class Logs(dict[str, Any]):
                 f"Logs has no collection {name!r}; collections: {sorted(self)}"
             ) from None
 
-    # --- writing -------------------------------------------------------------------------
     def add_entry(self, collection: str, name: str, value: Any) -> Logs:
         """Sets ``self[collection][name] = value`` and returns ``self``."""
         entries = self.get(collection)
@@ -130,27 +110,25 @@ class Logs(dict[str, Any]):
 
     def add_loss(self, name: str, value: Any) -> Logs:
         """Adds a loss; managed train steps differentiate the sum of all losses."""
-        if isinstance(value, str | bytes):
-            raise _not_a_number("add_loss", name, value)
-        return self.add_entry("losses", name, value)
+        return self._add_number("add_loss", "losses", name, value)
 
     def add_metric(self, name: str, value: Any) -> Logs:
         """Adds a metric (averaged over an evaluation, weighted by samples)."""
-        if isinstance(value, str | bytes):
-            raise _not_a_number("add_metric", name, value)
-        return self.add_entry("metrics", name, value)
+        return self._add_number("add_metric", "metrics", name, value)
 
     def add_stateful_metric(self, name: str, value: Any) -> Logs:
         """Adds a metric that already accumulates over steps (reported as is)."""
+        return self._add_number("add_stateful_metric", "stateful_metrics", name, value)
+
+    def _add_number(self, method: str, collection: str, name: str, value: Any) -> Logs:
         if isinstance(value, str | bytes):
-            raise _not_a_number("add_stateful_metric", name, value)
-        return self.add_entry("stateful_metrics", name, value)
+            raise TypeError(_NOT_A_NUMBER.format(method, name, value, type(value).__name__, name))
+        return self.add_entry(collection, name, value)
 
     def add_output(self, name: str, value: Any) -> Logs:
         """Adds a model output (e.g. predictions)."""
         return self.add_entry("outputs", name, value)
 
-    # The original ciclo's plural forms: several entries by keyword.
     def add_losses(self, **values: Any) -> Logs:
         """Adds several losses by name: ``logs.add_losses(loss=l, l2=r)``."""
         for name, value in values.items():
@@ -191,10 +169,8 @@ class Logs(dict[str, Any]):
             return self
         for collection, entries in other.items():
             if type(entries) is not dict and not isinstance(entries, Mapping):
-                raise TypeError(
-                    f"cannot merge logs: collection {collection!r} is a "
-                    f"{type(entries).__name__}, not a mapping of name -> value."
-                )
+                found = f"collection {collection!r} is a {type(entries).__name__}"
+                raise TypeError(f"cannot merge logs: {found}, not a mapping.")
             mine = self.get(collection)
             if mine is None:
                 dict.__setitem__(self, collection, dict(entries))
@@ -205,13 +181,12 @@ class Logs(dict[str, Any]):
     @property
     def updates(self) -> None:
         """Write-only: ``logs.updates = other`` merges ``other`` into ``logs``."""
-        raise AttributeError(_UPDATES_IS_WRITE_ONLY)
+        raise AttributeError(_WRITE_ONLY)
 
     @updates.setter
     def updates(self, other: Mapping[str, Any] | None) -> None:
         self.merge(other)
 
-    # --- reading -------------------------------------------------------------------------
     def entries(self) -> Iterator[tuple[str, str, Any]]:
         """Yields ``(collection, name, value)`` for every entry."""
         for collection, entries in self.items():
@@ -219,11 +194,7 @@ class Logs(dict[str, Any]):
                 yield collection, name, value
 
     def entry_value(self, key: str) -> Any:
-        """Returns the value of ``"name"`` (searched in every collection) or ``"coll.name"``.
-
-        Raises:
-            KeyError: when the key is missing, or a bare name is in several collections.
-        """
+        """The value of ``"name"`` (in one collection) or ``"collection.name"``, else KeyError."""
         if "." in key:
             collection, name = key.split(".", 1)
             if collection in self and name in self[collection]:
@@ -233,10 +204,8 @@ class Logs(dict[str, Any]):
         if not found:
             raise KeyError(f"no log entry {key!r}; entries: {self._keys()}")
         if len(found) > 1:
-            raise KeyError(
-                f"log entry {key!r} is ambiguous: it is in collections {found}; "
-                f"use one of {[f'{c}.{key}' for c in found]}."
-            )
+            names = [f"{c}.{key}" for c in found]
+            raise KeyError(f"log entry {key!r} is ambiguous; use one of {names}.")
         return self[found[0]][key]
 
     def _keys(self) -> list[str]:
@@ -269,15 +238,12 @@ def _flatten_logs_with_keys(value: Logs) -> tuple[tuple[tuple[Any, Any], ...], t
 
 
 def _unflatten_logs(keys: tuple[str, ...], children: Any) -> Logs:
-    # Once per compiled step (its output logs): one C call for the collections, about 0.2
-    # us less than through Logs().
     out = empty_logs()
     _update(out, zip(keys, children, strict=True))
     return out
 
 
-#: ``Logs()`` without its ``__init__`` (an empty Logs has nothing to fill), in one C call:
-#: for the per-step path (the engine's logs of a step, a compiled step's output logs).
+#: ``Logs()`` without its ``__init__``, in one C call, for the per-step path.
 empty_logs = functools.partial(dict.__new__, Logs)
 _update = dict.update
 

@@ -17,11 +17,9 @@ def plot_history(
     x: str = "steps",
     title: str | None = None,
 ) -> Any:
-    """Plots ``keys`` over ``x``, one panel per key (a tuple of keys shares a panel);
-    ``collect(x, key)`` gives the values (``History.collect``).
+    """Plots ``keys`` over ``x``, one panel per key (a tuple of keys shares a panel).
 
-    Returns the ``matplotlib.figure.Figure``; with ``path`` it is also saved (PNG for a
-    ``.png`` name). No pyplot state is touched, so it works without a display.
+    ``collect(x, key)`` gives the values; returns the matplotlib ``Figure``, saved at ``path``.
     """
     try:
         from matplotlib.figure import Figure

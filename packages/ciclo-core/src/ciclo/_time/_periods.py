@@ -1,11 +1,4 @@
-"""Periods given as arguments: read and checked in one place, on top of the units of
-:mod:`ciclo._time._units` and the :class:`~ciclo.Period` of :mod:`ciclo._time._elapsed`.
-
-- :func:`period_unit`: an int (steps) or a one-unit ``at(...)`` period (an epoch's length,
-  a progress bar's total);
-- :func:`counted_fields`: a period counted in units, any of them (a patience period);
-- :func:`counts`: what an :class:`~ciclo.Elapsed` counts, in each unit.
-"""
+"""Periods given as arguments (an epoch's length, a patience), read and checked in one place."""
 
 from __future__ import annotations
 
@@ -16,21 +9,14 @@ __all__ = ["period_unit", "counted_fields", "counts"]
 
 
 def period_unit(value: int | Period, what: str) -> tuple[str, float]:
-    """``(unit, amount)`` of an int (steps) or a one-unit :func:`ciclo.at` period, with a
-    positive amount.
+    """``(unit, amount)`` of an int (steps) or a one-unit :func:`ciclo.at` period, positive.
 
     Args:
-        value: ``1000`` or ``ciclo.at(samples=60_000)`` or ``ciclo.at(time=3600)``.
-        what: the argument's name, for the error message (``"epoch_duration"``).
-
-    Raises:
-        TypeError: neither an int nor a period.
-        ValueError: a period with several fields, a date, or a zero amount.
+        value: ``1000``, ``ciclo.at(samples=60_000)`` or ``ciclo.at(time=3600)``.
+        what: the argument's name, for messages (``"epoch_duration"``).
 
     Example:
         >>> import ciclo
-        >>> period_unit(1000, "epoch_duration")
-        ('steps', 1000)
         >>> period_unit(ciclo.at(samples=60_000), "epoch_duration")
         ('samples', 60000)
     """
@@ -38,24 +24,19 @@ def period_unit(value: int | Period, what: str) -> tuple[str, float]:
     assert period is not None
     fields = period.fields()
     if len(fields) != 1 or "date" in fields or not next(iter(fields.values())):
-        raise ValueError(
-            f"{what} must be a positive amount in one unit: an int (steps) or "
-            f"ciclo.at(samples=...) or ciclo.at(time=...), got {value!r}."
-        )
+        culprit = f"{what} must be a positive amount in one unit"
+        raise ValueError(f"{culprit} (an int, or ciclo.at(samples=...)), got {value!r}.")
     ((unit, amount),) = fields.items()
     return unit, amount
 
 
 def counted_fields(period: Period, what: str) -> dict[str, int | float]:
-    """The fields of ``period``, which must count in units (any of them), not a date.
+    """The fields of ``period``, which must count in units, not a date.
 
     Example:
         >>> import ciclo
         >>> counted_fields(ciclo.at(steps=100, time=60), "patience")
         {'steps': 100, 'time': 60}
-        >>> counted_fields(ciclo.at(date=0.0), "patience")
-        Traceback (most recent call last):
-        ValueError: patience counts steps, samples or time, not a date.
     """
     fields = period.fields()
     if "date" in fields:

@@ -1,15 +1,7 @@
 """Schedules: *when* a callback runs. A schedule is any ``Elapsed -> bool``.
 
-Firing rule (the same for steps, samples and time): ``every(n)`` has boundaries at
-``0, n, 2n, ...``. It fires on a call when the elapsed count has reached a boundary that no
-earlier call had reached — once per call, however many boundaries the call passed. A fresh
-schedule fires on its first call only if the count is exactly on a boundary, so at the start
-of a loop (everything zero) ``every(...)`` fires: step 0 fires, for every kind. When the count
-goes back (the same ``tasks`` drive a new loop that starts from zero again) a schedule starts
-afresh by the same rule, so that loop's step 0 fires too.
-
-Schedules that remember what they saw expose ``state_dict()`` / ``load_state_dict()`` so a
-resumed run fires exactly where the uninterrupted run would have.
+``every(n)`` fires once per call that reaches a new boundary ``0, n, 2n, ...`` (step 0
+included); stateful schedules have ``state_dict()``/``load_state_dict()``.
 """
 
 from __future__ import annotations
@@ -37,8 +29,8 @@ __all__ = [
 
 
 class Due(NamedTuple):
-    """When a schedule can fire next, as :meth:`Schedule.next_due` plans it: not before the
-    count reaches ``steps`` or ``samples``, or at every later step (``every_step``).
+    """When a schedule can fire next (:meth:`Schedule.next_due`): at ``steps``/``samples`` or
+    at every later step.
 
     Example:
         >>> import ciclo
@@ -92,18 +84,14 @@ class Schedule:
         return ()
 
     def next_due(self, elapsed: Elapsed) -> Due | None:
-        """When this schedule can fire next, in a loop whose counts only grow, asked right
-        after it was called with ``elapsed``; ``None`` (the default): ask it at every step.
+        """When this schedule can fire next, asked right after a call; ``None``: at every step.
 
-        A loop uses the plan to skip the calls that cannot fire (a step where only
-        ``every(1)`` tasks fire costs a comparison), and tells the schedule what it skipped
-        with :meth:`passed` before its state is read.
+        A loop skips the calls that cannot fire and reports them with :meth:`passed`.
         """
         return None
 
     def passed(self, elapsed: Elapsed) -> None:
-        """The loop went past ``elapsed`` without calling this schedule, as its plan
-        allowed: update what it remembers as if it had been called (nothing by default)."""
+        """The loop went past ``elapsed`` without a call, as planned: update what it remembers."""
 
     def state_dict(self) -> dict[str, Any]:
         """What this schedule remembers, as plain Python values."""
@@ -131,10 +119,7 @@ def as_schedule(value: Callable[[Elapsed], bool]) -> Schedule:
     if isinstance(value, Schedule):
         return value
     if not callable(value):
-        raise TypeError(
-            f"a schedule must be a ciclo schedule or a callable Elapsed -> bool, got "
-            f"{value!r}. Example: ciclo.every(100), or lambda elapsed: elapsed.steps > 10."
-        )
+        raise TypeError(f"a schedule must be a function Elapsed -> bool, got {value!r}.")
     return _Function(value)
 
 
@@ -177,7 +162,6 @@ class _Every(Schedule):
         self._each_step = unit == "steps" and period == 1 and offset == 0
 
     def _index(self, value: float) -> int:
-        # The number of the last boundary reached; -1 before the first one.
         return math.floor((value - self.offset) / self.period)
 
     def __call__(self, elapsed: Elapsed) -> bool:
@@ -189,8 +173,7 @@ class _Every(Schedule):
         if index < 0:
             return False
         if last is None or value < last:
-            # Fresh, or the count went back (the same tasks run a new loop from zero):
-            # fire only when exactly on a boundary.
+            # fresh, or the count went back: fire only exactly on a boundary
             return value - self.offset == index * self.period
         return index > self._index(last)
 
@@ -253,8 +236,8 @@ class _After(Schedule):
         unit, period = one_unit("after().every()", steps, samples, time)
         if unit != self.unit:
             raise ValueError(
-                f"after({self.unit}=...).every() must count in the same unit, got {unit}. "
-                f"Combine units with &: ciclo.after({self.unit}=...) & ciclo.every({unit}=...)."
+                f"after({self.unit}=...).every() must count in the same unit, got {unit}; "
+                f"combine units with &."
             )
         return _Every(unit, period, offset=self.start)
 
@@ -265,8 +248,7 @@ class _After(Schedule):
 def after(
     steps: int | None = None, *, samples: int | None = None, time: float | None = None
 ) -> _After:
-    """Fires on every call once the count has reached the start; ``.every(n)`` fires every
-    ``n`` from the start on.
+    """Fires on every call once the count reached the start; ``.every(n)`` every ``n`` from it.
 
     Example:
         >>> import ciclo
@@ -283,20 +265,13 @@ def _as_at(period: Period) -> str:
     return f"ciclo.at({fields})"
 
 
-_STARTS_OUT_OF_ORDER = (
-    "piecewise() starts must be reached in the order they are written: {start} was reached "
-    "before {unreached}, which comes first (at steps={steps}, samples={samples}). Starts in "
-    "different units cannot be sorted when the schedule is built; write them in the order "
-    "they take over, or in one unit."
-)
+_STARTS_OUT_OF_ORDER = "piecewise(): {0} was reached before {1}; write starts in the order reached."
 
 
 class _Piecewise(Schedule):
     def __init__(self, pieces: list[tuple[Period, Schedule]], *, check_order: bool) -> None:
         self.pieces = pieces
-        # Starts in mixed units cannot be compared when the schedule is built: each call
-        # checks that they are reached in the order written.
-        self.check_order = check_order
+        self.check_order = check_order  # mixed units: each call checks the order reached
 
     def __call__(self, elapsed: Elapsed) -> bool:
         active = None
@@ -305,21 +280,11 @@ class _Piecewise(Schedule):
             fired = schedule(elapsed)  # every piece sees every call, to stay in step
             if start.reached_by(elapsed):
                 if self.check_order and unreached is not None:
-                    self._raise_out_of_order(unreached, start, elapsed)
+                    raise ValueError(_STARTS_OUT_OF_ORDER.format(_as_at(start), _as_at(unreached)))
                 active = fired
             elif unreached is None:
                 unreached = start
         return bool(active)
-
-    def _raise_out_of_order(self, unreached: Period, start: Period, elapsed: Elapsed) -> None:
-        raise ValueError(
-            _STARTS_OUT_OF_ORDER.format(
-                start=_as_at(start),
-                unreached=_as_at(unreached),
-                steps=elapsed.steps,
-                samples=elapsed.samples,
-            )
-        )
 
     def children(self) -> tuple[Schedule, ...]:
         return tuple(s for _, s in self.pieces)
@@ -331,8 +296,7 @@ class _Piecewise(Schedule):
 def piecewise(
     pieces: Mapping[int | Period, Callable[[Elapsed], bool]],
 ) -> Schedule:
-    """Uses the schedule whose start (an int in steps, or an :func:`at` period) was reached
-    last. Starts must be increasing.
+    """The schedule whose start (steps, or an :func:`at` period) was reached last fires.
 
     Example:
         >>> import ciclo
@@ -352,10 +316,7 @@ def piecewise(
     if one_unit:
         values = [next(iter(f.values())) for f in starts]
         if any(b <= a for a, b in itertools.pairwise(values)):
-            raise ValueError(
-                f"piecewise() starts must be increasing, got {values}. Write the pieces in "
-                f"the order they take over, e.g. {{0: ciclo.every(1), 100: ciclo.every(10)}}."
-            )
+            raise ValueError(f"piecewise() starts must be increasing, got {values}; reorder them.")
     return _Piecewise(parsed, check_order=not one_unit)
 
 
@@ -399,16 +360,10 @@ _MOMENTS: dict[str, NamedSchedule] = {}
 
 
 class NamedSchedule:
-    """A moment of a predefined loop, e.g. ``ciclo.on_epoch_end``.
-
-    Use it as a key of ``tasks`` in :func:`ciclo.train_loop`, :func:`ciclo.test_loop` or
-    :func:`ciclo.predict_loop`; a callback object in ``callbacks=[...]`` hooks into it by
-    defining a method of the same name.
+    """A moment of a predefined loop (``ciclo.on_epoch_end``): a ``tasks`` key, or a method name.
 
     Example:
         >>> import ciclo
-        >>> ciclo.on_epoch_end
-        ciclo.on_epoch_end
         >>> ciclo.on_epoch_end.name
         'on_epoch_end'
     """

@@ -1,6 +1,4 @@
-"""Running a loop inside a loop (an evaluation, a probe) and logging its aggregated result.
-
-The aggregation itself lives in :mod:`ciclo._records._aggregate`."""
+"""Running a loop inside a loop (an evaluation, a probe) and logging its aggregated result."""
 
 from __future__ import annotations
 
@@ -18,9 +16,7 @@ __all__ = ["inner_loop"]
 
 
 def _as_history(rows: list[Any]) -> History | None:
-    """The original ciclo's history, a list of ``{collection: {name: value}}`` dicts, as a
-    :class:`History` (rows without samples: ``"mean"`` is then the plain mean, as there);
-    ``None`` when ``rows`` is not such a list."""
+    """The original ciclo's history (a list of dicts) as a :class:`History`, or ``None``."""
     if not all(
         isinstance(row, Mapping) and all(isinstance(v, Mapping) for v in row.values())
         for row in rows
@@ -33,12 +29,7 @@ def _as_history(rows: list[Any]) -> History | None:
     return history
 
 
-_NOT_A_LOOP_RESULT = (
-    "inner_loop({name!r}): the loop function returned {kind}; it must return what ciclo's "
-    "loops return: (state, history, elapsed) like ciclo.loop, or (state, logs, elapsed) like "
-    "ciclo.test_loop. Example: inner_loop({name!r}, lambda state: ciclo.test_loop(state, "
-    "make_dataset()))."
-)
+_NOT_A_RESULT = "inner_loop({!r}): the loop function returned {}, not (state, history, elapsed)."
 
 
 def _split_result(name: str, result: Any) -> tuple[Any, Any, Elapsed | None]:
@@ -54,7 +45,7 @@ def _split_result(name: str, result: Any) -> tuple[Any, Any, Elapsed | None]:
             elapsed is None or isinstance(elapsed, Elapsed)
         ):
             return state, logs, elapsed
-    raise TypeError(_NOT_A_LOOP_RESULT.format(name=name, kind=type(result).__name__))
+    raise TypeError(_NOT_A_RESULT.format(name, type(result).__name__))
 
 
 def inner_loop(
@@ -64,28 +55,18 @@ def inner_loop(
     *,
     output_state: bool = False,
 ) -> Callable[[Any], tuple[Logs, Any]]:
-    """A callback that runs a whole loop (an evaluation, a probe...) and logs its result,
-    each entry renamed ``<entry>_<name>`` (``accuracy`` -> ``accuracy_test``).
+    """A callback that runs a whole loop and logs its result, entries renamed ``<entry>_<name>``.
 
     Args:
         name: the suffix of the entries (and the callback's name in errors).
         loop_fn: ``state -> (state, history, elapsed)`` like :func:`ciclo.loop`, or
-            ``state -> (state, logs, elapsed)`` like :func:`ciclo.test_loop` (whose logs are
-            already aggregated and are used as they are). The history may also be a list
-            of ``{collection: {name: value}}`` dicts (the original ciclo's history);
-            ``"mean"`` is then the plain mean of its rows.
-        aggregation: how the rows of the inner history become one value per entry:
-            ``"last"`` (default), ``"first"``, ``"mean"`` (weighted by samples), ``"sum"``,
-            ``"min"``, ``"max"``, a callable on the values stacked along axis 0, or a dict
-            ``{collection: aggregation}`` (collections it does not name use ``"last"``;
-            ``None`` leaves a collection out).
-        output_state: keep the state the inner loop returns (by default the outer state is
-            left unchanged, as an evaluation should).
+            ``state -> (state, logs, elapsed)`` like :func:`ciclo.test_loop`.
+        aggregation: how the history's rows become one value per entry: ``"last"``,
+            ``"mean"`` (by samples), ``"sum"``..., or a dict ``{collection: aggregation}``.
+        output_state: keep the state the inner loop returns (else ``None``: unchanged).
 
     Returns:
-        a callback ``state -> (logs, None)``: ``None`` leaves the loop's state as it is
-        (``(logs, new_state)`` with ``output_state=True``). Called by hand, keep your
-        state: ``logs, _ = evaluate(state)``.
+        a callback ``state -> (logs, None)`` (``(logs, new_state)`` with ``output_state``).
 
     Example:
         >>> import ciclo, numpy as np
@@ -103,10 +84,7 @@ def inner_loop(
     if not isinstance(name, str) or not name:
         raise TypeError(f"inner_loop name must be a non-empty string, got {name!r}.")
     if not callable(loop_fn):
-        raise TypeError(
-            f"inner_loop({name!r}): loop_fn must be a function state -> (state, history, "
-            f"elapsed), got {loop_fn!r}."
-        )
+        raise TypeError(f"inner_loop({name!r}): loop_fn must be a function, got {loop_fn!r}.")
     Spec(aggregation)  # validates early
 
     def run(

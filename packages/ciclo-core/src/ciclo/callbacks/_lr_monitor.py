@@ -1,5 +1,4 @@
-"""``learning_rate_monitor``: the current learning rate, from an optax schedule or from an
-``optax.inject_hyperparams`` state, logged into the history."""
+"""``learning_rate_monitor``: the current learning rate, logged into the history."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ def _has_hyperparams(node: Any) -> bool:
 
 
 def injected_hyperparam(state: Any, name: str = "learning_rate") -> Any:
-    """The value of hyperparameter ``name`` in the first ``optax.inject_hyperparams`` state
-    found in ``state`` (on device), or ``None``.
+    """Hyperparameter ``name`` of the first ``optax.inject_hyperparams`` state in ``state``.
 
     Example:
         >>> import optax, jax.numpy as jnp
@@ -37,22 +35,16 @@ def injected_hyperparam(state: Any, name: str = "learning_rate") -> Any:
     return None
 
 
-_NO_INJECTED_HYPERPARAM = (
-    "learning_rate_monitor: the state holds no optax.inject_hyperparams state with a {name!r} "
-    "hyperparameter. Build the optimizer with optax.inject_hyperparams(optax.adam)("
-    "learning_rate=...), or pass the schedule: learning_rate_monitor(schedule)."
-)
+_NO_LR = "learning_rate_monitor: no optax.inject_hyperparams state with {!r}; pass a schedule."
 
 
 class LearningRateMonitor(LoopCallbackBase):
     """Logs the current learning rate as the metric ``learning_rate``.
 
     Args:
-        schedule: an optax schedule, evaluated at the step count; without it, the value is
-            read from the ``optax.inject_hyperparams`` state inside the loop's state (on
-            device: no sync).
-        steps: log every ``steps`` steps (in ``train_loop``; in ``ciclo.loop`` the schedule
-            it is put under decides, ``every(steps)`` when spread with ``**``).
+        schedule: an optax schedule, evaluated at the step count; else the value is read from
+            the state's ``optax.inject_hyperparams`` state (on device).
+        steps: log every ``steps`` steps.
         name: the hyperparameter to read, and the metric's name.
 
     Example:
@@ -73,10 +65,7 @@ class LearningRateMonitor(LoopCallbackBase):
         name: str = "learning_rate",
     ) -> None:
         if schedule is not None and not callable(schedule):
-            raise TypeError(
-                f"learning_rate_monitor(schedule={schedule!r}): expected an optax schedule "
-                "(step -> learning rate), or None to read an inject_hyperparams state"
-            )
+            raise TypeError(f"learning_rate_monitor(schedule={schedule!r}): expected a schedule")
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise TypeError(f"learning_rate_monitor(steps={steps!r}): expected an int >= 1")
         self.schedule, self.steps, self.name = schedule, steps, name
@@ -92,7 +81,7 @@ class LearningRateMonitor(LoopCallbackBase):
             return self.schedule(loop_state.elapsed.steps)
         value = injected_hyperparam(loop_state.state, self.name)
         if value is None:
-            raise ValueError(_NO_INJECTED_HYPERPARAM.format(name=self.name))
+            raise ValueError(_NO_LR.format(self.name))
         return value
 
     def __loop_callback__(self, loop_state: LoopState) -> Logs:

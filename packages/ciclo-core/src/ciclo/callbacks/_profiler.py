@@ -1,5 +1,4 @@
-"""``profiler``: a ``jax.profiler`` trace of a few steps, where TensorBoard's profile plugin,
-xprof and Perfetto read it."""
+"""``profiler``: a ``jax.profiler`` trace of a few steps (TensorBoard, xprof, Perfetto)."""
 
 from __future__ import annotations
 
@@ -18,24 +17,16 @@ __all__ = ["Profiler", "profiler"]
 
 
 class Profiler(LoopCallbackBase):
-    """Takes a ``jax.profiler`` trace of ``steps`` steps.
+    """Takes a ``jax.profiler`` trace of ``steps`` steps, under ``logdir/plugins/profile/``.
 
-    The trace starts at step ``start`` (after compilation, by default), or each time the
-    schedule ``start`` fires (``start=ciclo.every(1000)``), and is written under
-    ``logdir/plugins/profile/<run>/`` (``*.xplane.pb``), where TensorBoard's profile plugin
-    (``tensorboard --logdir logdir``) and xprof read it; with ``perfetto=True`` also a
-    ``perfetto_trace.json.gz`` for https://ui.perfetto.dev. The device is waited for once, at
-    the end of each trace; the loop's end ends a trace still running.
+    The device is waited for once, at the end of each trace; the loop's end ends one.
 
     Args:
         logdir: the directory of the traces (a TensorBoard log directory).
-        start: the step to start at, or a schedule.
+        start: the step to start at, or a schedule (``ciclo.every(1000)``).
         steps: how many steps each trace covers.
         perfetto: also write a Perfetto trace.
         process: the process that traces (``None``: every process).
-
-    Use it in ``callbacks=[...]`` of :func:`ciclo.train_loop` (it runs before each step), or
-    spread with ``**`` first in :func:`ciclo.loop`'s tasks.
 
     Example:
         >>> import ciclo, tempfile
@@ -54,14 +45,11 @@ class Profiler(LoopCallbackBase):
         process: int | None = 0,
     ) -> None:
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise TypeError(f"profiler(steps={steps!r}): expected how many steps to trace, >= 1")
+            raise TypeError(f"profiler(steps={steps!r}): expected an int >= 1")
         if not callable(start) and (
             isinstance(start, bool) or not isinstance(start, int) or start < 0
         ):
-            raise TypeError(
-                f"profiler(start={start!r}): expected the step to start at (an int >= 0) or "
-                "a schedule (e.g. ciclo.every(1000))"
-            )
+            raise TypeError(f"profiler(start={start!r}): expected an int >= 0 or a schedule")
         self.logdir = os.fspath(logdir)
         self.start, self.steps, self.perfetto = start, steps, perfetto
         self.process = check_output_process(process, "profiler")
@@ -78,7 +66,7 @@ class Profiler(LoopCallbackBase):
         return elapsed.steps == self.start and not self.traces
 
     def stop(self, loop_state: LoopState) -> None:
-        """Ends the trace being taken (waiting for the device to finish the traced steps)."""
+        """Ends the trace being taken (waiting for the device)."""
         if self._stop_at is None:
             return
         jax.block_until_ready(loop_state.state)  # type: ignore[no-untyped-call]  # once per trace

@@ -1,17 +1,5 @@
-"""What a bar shows and a CSV row holds with ``running_mean=True``: Keras' ``Progbar`` (and
-``CSVLogger``) values.
-
-Each *training* loss and metric shows its mean since the epoch began (in ``ciclo.loop``,
-since the loop began), weighted by samples as ciclo's evaluation means are; everything else
-shows its last value: ``stateful_metrics`` (they already accumulate) and the entries of
-evaluations, which are added to a step after its training callbacks.
-
-Training entries are the scalar ``losses`` and ``metrics`` in the step's logs when the bar
-updates after a training step (``on_train_batch_end`` in ``train_loop``; the bar's call in
-``ciclo.loop``). The values of the steps between two redraws come from the loop's history,
-read when the bar redraws (:meth:`History.numeric_since`): a step costs nothing more, and
-steps fused in one call count one by one. The running sums live on the host and grow with
-the rows read since the previous redraw only.
+"""``running_mean=True``: each training loss and metric as its sample-weighted mean since the
+epoch began (Keras' ``Progbar``), read from the history when a bar redraws.
 """
 
 from __future__ import annotations
@@ -28,17 +16,13 @@ from .._records._history import History
 __all__ = ["RunningMean", "check_running_mean"]
 
 _AVERAGED = ("losses", "metrics")
-_NOT_A_BOOL = (
-    "{what}: running_mean must be True or False, got {value!r}. Example: "
-    "ciclo.{what}(1000, running_mean=True) shows each training loss and metric averaged since "
-    "the epoch began, as Keras does."
-)
+_NOT_A_BOOL = "{what}: running_mean must be True or False, got {value!r}."
 
 Key = tuple[str, str]
 
 
 def check_running_mean(value: Any, what: str) -> bool:
-    """``value`` if it is a bool, else a ``TypeError`` naming the option and the fix.
+    """``value`` if it is a bool, else a ``TypeError``.
 
     Example:
         >>> check_running_mean(True, "keras_bar")
@@ -63,8 +47,7 @@ def _training_entries(logs: Mapping[str, Mapping[str, Any]]) -> dict[Key, Any]:
 
 
 class RunningMean:
-    """The running means of one bar: ``[weighted sum, weight, sum, count]`` per training
-    entry, over the rows read so far in the current period (an epoch, or the loop)."""
+    """The running sums ``[weighted sum, weight, sum, count]`` of one bar, per training entry."""
 
     def __init__(self) -> None:
         self.training: set[Key] = set()  # entries seen in the logs right after a training step
@@ -84,16 +67,14 @@ class RunningMean:
         self.training.update(_training_entries(loop_state.logs))
 
     def keep(self, loop_state: LoopState) -> None:
-        """A call by hand (``bar(elapsed, logs)``): no history keeps its row, so the bar
-        keeps the values itself (still on device; fetched when it redraws)."""
+        """A call by hand (``bar(elapsed, logs)``): keep the values (on device) until a redraw."""
         entries = _training_entries(loop_state.logs)
         self.training.update(entries)
         after = loop_state.elapsed_after_step()
         self._kept.append((float(after.samples - loop_state.elapsed.samples), entries))
 
     def to_fetch(self, loop_state: LoopState, by_hand: bool) -> Any:
-        """The device values a redraw needs besides the latest ones: the current step's
-        training values (not in history yet), or the values kept by hand."""
+        """The device values a redraw needs: the current step's training values, or those kept."""
         if by_hand:
             kept, self._kept = self._kept, []
             return kept
@@ -104,11 +85,7 @@ class RunningMean:
     def means(
         self, loop_state: LoopState, fetched: Any, by_hand: bool, from_step: int
     ) -> dict[Key, float]:
-        """The mean of each training entry over the period, this step included.
-
-        ``fetched`` is :meth:`to_fetch`'s result on the host; ``from_step`` is where the
-        period starts when no epoch began in this loop (see the bar).
-        """
+        """The mean of each training entry over the period, this step included."""
         current: dict[Key, Any] = {}
         current_weight = 0.0
         if by_hand:
@@ -135,9 +112,7 @@ class RunningMean:
     def values(
         self, loop_state: LoopState, latest: Mapping[Key, Any], by_hand: bool, from_step: int
     ) -> dict[Key, Any]:
-        """``latest`` (the latest value of each entry, on device) on the host, with each
-        training entry replaced by its mean over the period (this step included): what a
-        bar shows, and a CSV row holds. One transfer."""
+        """``latest`` on the host (one transfer), training entries replaced by their means."""
         host, fetched = _host.to_host((dict(latest), self.to_fetch(loop_state, by_hand)))
         host.update(self.means(loop_state, fetched, by_hand, from_step))
         return dict(host)
@@ -155,8 +130,7 @@ class RunningMean:
         end = int(np.searchsorted(steps, now, side="left"))  # rows of earlier steps
         if not end:
             return
-        # A row's weight is the samples of its step: up to the next row of a later step
-        # (or up to the current step's count).
+        # a row's weight: its step's samples, up to the next row of a later step
         following = np.searchsorted(np.append(steps, now), steps[:end], side="right")
         weights = (np.append(samples, before)[following] - samples[:end]).astype(np.float64)
         for collection, name in keys:

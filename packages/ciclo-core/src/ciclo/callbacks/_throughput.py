@@ -1,6 +1,4 @@
-"""``throughput``: steps/s, samples/s, FLOP/s and MFU logged into the history, measured on
-the host between two calls (no device sync: the bound on steps queued ahead of Python keeps
-the host's pace equal to the device's over a window)."""
+"""``throughput``: steps/s, samples/s, FLOP/s and MFU, timed on the host (no device sync)."""
 
 from __future__ import annotations
 
@@ -18,21 +16,12 @@ from .._time._schedules import Schedule, every
 
 __all__ = ["Throughput", "throughput", "compiled_flops"]
 
-_FORMS = (
-    "a number of FLOPs, a jitted step function (jax.jit), or a managed step "
-    "(state.train_step, type(state).train_step, ciclo.managed.train_step(...))"
-)
-MSG_FLOPS_FAILED = (
-    "throughput(flops_per_step={step}): reading the FLOPs of one step on the loop's state and "
-    "batch failed ({error}). flops_per_step takes " + _FORMS + ": the step must accept "
-    "(state, batch). Or pass the FLOPs as a number (ciclo.callbacks.compiled_flops(step, "
-    "state, batch) computes them)."
-)
+_FORMS = "a number, a jitted step or a managed step"
+_NO_FLOPS = "throughput(flops_per_step={}): lowering on (state, batch) failed ({}); pass a number."
 
 
 def compiled_flops(fn: Any, *args: Any, **kwargs: Any) -> float | None:
-    """The FLOPs of one call of the jitted ``fn`` on ``args``, as XLA's ``cost_analysis``
-    of the compiled call reports them (``None`` when it reports none).
+    """The FLOPs of one call of the jitted ``fn`` on ``args`` (XLA's ``cost_analysis``), or None.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -48,8 +37,7 @@ def compiled_flops(fn: Any, *args: Any, **kwargs: Any) -> float | None:
 
 
 def lowered_flops(lowered_call: Any) -> float | None:
-    """The FLOPs of a lowered call (``jax.jit(f).lower(...)``), as XLA's ``cost_analysis``
-    of the compiled call reports them (``None`` when it reports none)."""
+    """The FLOPs of a lowered call (``jax.jit(f).lower(...)``), or ``None``."""
     analysis: Any = lowered_call.compile().cost_analysis()
     if isinstance(analysis, list | tuple):  # older jax: one dict per device program
         analysis = analysis[0] if analysis else None
@@ -58,25 +46,15 @@ def lowered_flops(lowered_call: Any) -> float | None:
 
 
 class Throughput(LoopCallbackBase):
-    """Logs the loop's pace as metrics: ``steps_per_second``, ``samples_per_second`` and,
-    given the FLOPs of a step, ``flops_per_second`` and ``mfu`` (the fraction of
-    ``peak_flops``).
+    """Logs the loop's pace: ``steps_per_second``, ``samples_per_second``, ``flops_per_second``
+    and ``mfu`` (the last two given the FLOPs of a step).
 
-    Each value covers the window since the previous log (every ``steps`` steps); the first
-    call opens the window and logs nothing. Time is read on the host, so nothing waits for
-    the device: with the loop's bound on steps queued ahead, the host's pace over a window
-    is the device's. The values go into the history like any metric, and the bars show them.
+    Each value covers the window since the previous log; the first call logs nothing.
 
     Args:
-        steps: the window, in steps (in ``train_loop``; in ``ciclo.loop`` the schedule it is
-            put under decides, ``every(steps)`` when spread with ``**``).
-        flops_per_step: the FLOPs of one step, or the step itself: a jitted function
-            (``jax.jit``), or a managed step, bound or not (``state.train_step``,
-            ``type(state).train_step``, an adapter's state's ``train_step``). Its compiled
-            call's ``cost_analysis`` on the loop's state and batch gives the FLOPs, read at
-            the first call, when the loop starts: a step that cannot be lowered on them
-            stops the loop there, with an error naming ``throughput`` (see
-            :func:`compiled_flops`).
+        steps: the window, in steps (``every(steps)`` when spread with ``**``).
+        flops_per_step: the FLOPs of one step, or the step itself (a jitted function or a
+            managed step), lowered on the loop's state and batch at the first call.
         peak_flops: the devices' peak FLOP/s, for ``mfu``.
         prefix: put before each name (e.g. ``"train_"``).
 
@@ -102,19 +80,14 @@ class Throughput(LoopCallbackBase):
         if peak_flops is not None and not (
             isinstance(peak_flops, int | float) and not isinstance(peak_flops, bool)
         ):
-            raise TypeError(
-                f"throughput(peak_flops={peak_flops!r}): expected the device's peak FLOP/s "
-                "(a number, e.g. 989e12 for an H100's bf16 dense peak)"
-            )
+            raise TypeError(f"throughput(peak_flops={peak_flops!r}): expected a number (FLOP/s)")
         if flops_per_step is not None and not callable(flops_per_step):
             if isinstance(flops_per_step, bool) or not isinstance(flops_per_step, int | float):
-                raise TypeError(
-                    f"throughput(flops_per_step={describe(flops_per_step)}): expected {_FORMS}."
-                )
+                given = describe(flops_per_step)
+                raise TypeError(f"throughput(flops_per_step={given}): expected {_FORMS}.")
             if not flops_per_step > 0:
                 raise ValueError(
-                    f"throughput(flops_per_step={flops_per_step!r}): the FLOPs of a step must "
-                    f"be > 0."
+                    f"throughput(flops_per_step={flops_per_step!r}): FLOPs must be > 0."
                 )
         self.steps = steps
         self.flops_per_step = flops_per_step
@@ -127,8 +100,7 @@ class Throughput(LoopCallbackBase):
         return every(self.steps)
 
     def _flops(self, loop_state: LoopState) -> float | None:
-        """The FLOPs of a step; a step given as ``flops_per_step`` is lowered on the loop's
-        state and batch once, at the first call (when the loop starts)."""
+        """The FLOPs of a step (a step given is lowered once, at the first call)."""
         step = self.flops_per_step
         if step is None or isinstance(step, int | float):
             return step
@@ -140,16 +112,13 @@ class Throughput(LoopCallbackBase):
                 flops = lowered_flops(call)
         except Exception as error:
             name = getattr(step, "__qualname__", None) or describe(step)
-            raise TypeError(
-                MSG_FLOPS_FAILED.format(step=name, error=f"{type(error).__name__}: {error}")
-            ) from error
+            why = f"{type(error).__name__}: {error}"
+            raise TypeError(_NO_FLOPS.format(name, why)) from error
         self.flops_per_step = flops
         return flops
 
     def measure(self, loop_state: LoopState) -> Logs | None:
-        """The pace since the previous call (``None`` at the first call, which starts the
-        window and reads the FLOPs of a step given as ``flops_per_step``, and after a jump
-        back in the count)."""
+        """The pace since the previous call (``None`` at the first, or if the count went back)."""
         now, elapsed = _time.perf_counter(), loop_state.elapsed
         mark, self._mark = self._mark, (now, elapsed.steps, elapsed.samples)
         if mark is None:
@@ -172,7 +141,6 @@ class Throughput(LoopCallbackBase):
                 logs.add_metric(f"{p}mfu", flops * steps_per_second / self.peak_flops)
         return logs
 
-    # --- hooks ---------------------------------------------------------------------------
     def __loop_callback__(self, loop_state: LoopState) -> Logs | None:
         return self.measure(loop_state)
 

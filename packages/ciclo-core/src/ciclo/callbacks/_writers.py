@@ -1,18 +1,5 @@
-"""One writer protocol for every experiment tracker, and the callback that feeds it.
-
-:class:`MetricWriter` is CLU's ``MetricWriter`` interface (``write_scalars``,
-``write_images``, ``write_histograms``, ``write_hparams``, ``flush``, ``close``), so any CLU
-writer works as it is. :class:`WriterLogger` (``writer_logger``) sends the rows of the loop's
-history to one: values are read from the history (fetched by it in batches), so it adds no
-device sync per step. The built-in writers: :class:`TensorBoardWriter` (tensorboardX),
-:class:`WandbWriter` (``wandb``) and :class:`MLflowWriter` (``mlflow`` or ``mlflow-skinny``),
-each imported only when created.
-
-A resumed run continues the same tracker run: each writer's ``state_dict()`` (the identity of
-its run: a W&B or MLflow run id, a log directory) is saved with the logger's state in every
-checkpoint, and given back to its ``load_state_dict()`` before the resumed run writes; the rows
-the interrupted run wrote after the checkpoint are dropped or skipped (``resume_at``), since the
-resumed run computes them again, equal.
+"""One writer protocol (CLU's ``MetricWriter``) for every experiment tracker, and the callback
+that feeds it from the loop's history; writers' runs are saved with checkpoints and resumed.
 """
 
 from __future__ import annotations
@@ -52,16 +39,11 @@ __all__ = [
 
 _CLU_WRITERS = "clu.metric_writers"
 
-_OTHER_WRITERS = (
-    "{owner}: the checkpoint holds the runs of {saved} metric writer(s) with a state_dict(); "
-    "this logger's writer has {count}. Resume with the same writers as the interrupted run."
-)
+_WRITERS = "{}: the checkpoint has {} writer run(s), not {}; use the same writers."
 
 
 def writers_within(writer: Any) -> list[Any]:
-    """``writer`` and the writers it wraps, when it is one of CLU's combinators
-    (``MultiWriter``, ``AsyncMultiWriter``, ``AsyncWriter``; recognised by their module,
-    never imported), depth first.
+    """``writer`` and, depth first, the writers it wraps when it is a CLU combinator.
 
     Example:
         >>> class Printer:
@@ -84,21 +66,10 @@ def writers_within(writer: Any) -> list[Any]:
 class MetricWriter(Protocol):
     """What :class:`WriterLogger` writes to: CLU's ``MetricWriter`` interface.
 
-    A writer may also define:
-
-    - ``state_dict()`` and ``load_state_dict(state)``: the identity of its run, as plain
-      values (a run id, a directory). :class:`WriterLogger` saves the first with its own
-      state in each checkpoint and gives it back to the second in a resumed run, before any
-      write, so that the writer continues the same run with no id passed by hand.
-    - ``resume_at(step)``: told, before its first write in a resumed run, the step of the
-      last row written before the checkpoint, so that it can drop or skip the rows that the
-      interrupted run wrote after it (the resumed run writes them again, equal). It may
-      return the last step its run holds: when that is lower than ``step`` (the tracker lost
-      rows it had been sent, as W&B loses the rows its service had not stored when the
-      process is killed), the logger writes those rows again, from the history.
-
-    Writers wrapped by CLU's ``MultiWriter``, ``AsyncMultiWriter`` and ``AsyncWriter`` are
-    reached through them (:func:`writers_within`).
+    Optional: ``state_dict()``/``load_state_dict(state)`` (the identity of its run, saved with
+    each checkpoint and given back before a resumed run writes) and ``resume_at(step)`` (told
+    the last step written before the checkpoint, to skip the rows written after it; it may
+    return the last step its run holds, and rows above that are written again).
     """
 
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None: ...
@@ -128,8 +99,7 @@ def _scalar(value: Any) -> float | None:
 
 
 def scalar_rows(history: History, start: int, end: int) -> list[tuple[int, dict[str, float]]]:
-    """``(step, {"collection/name": value})`` for the rows ``start:end`` of ``history`` (its
-    scalar entries only; the first read fetches pending values in one transfer).
+    """``(step, {"collection/name": value})`` for the scalar entries of ``history[start:end]``.
 
     Example:
         >>> import ciclo, numpy as np
@@ -156,45 +126,27 @@ def scalar_rows(history: History, start: int, end: int) -> list[tuple[int, dict[
     return rows
 
 
-_NOT_A_METRIC_WRITER = (
-    "{owner}: {kind} is not a metric writer (it has no write_scalars(step, scalars)); give a "
-    "ciclo.callbacks.TensorBoardWriter, WandbWriter, MLflowWriter, or a CLU metric writer."
-)
+_NOT_A_WRITER = "{owner}: {kind} is not a metric writer (no write_scalars); give a CLU writer."
 
 
 def _row_step(history: History, row: int) -> int:
-    """The step of the history's row ``row`` (``-1`` before the first)."""
+    """The step of ``history[row]`` (``-1`` before the first)."""
     return int(history[row].get("elapsed", {}).get("steps", row)) if row >= 0 else -1
 
 
 class WriterLogger(LoopCallbackBase):
-    """Sends every scalar row of the loop's history to a metric writer.
+    """Sends every scalar row of the loop's history to a metric writer (no device sync).
 
-    Each row is written once, as ``writer.write_scalars(step, {"collection/name": value})``
-    (``losses/loss``, ``metrics/accuracy_test``), at most every ``interval`` seconds, at each
-    epoch end and when the loop ends (which flushes the writer, in ``ciclo.loop`` too). The
-    values come from the history, fetched by it in batches: no device sync per step.
-
-    With ``ciclo.checkpoint``, a resumed run continues in the same tracker run, with no id
-    passed by hand: a checkpoint holds how many rows were written and each writer's
-    ``state_dict()`` (the identity of its run), given back to its ``load_state_dict()``
-    before any write. The resumed run writes from the checkpoint's last written row on and
-    tells each writer with ``resume_at(step)`` where it resumed, so that the rows the
-    interrupted run wrote later are dropped or skipped, not duplicated.
+    Rows are written once, at most every ``interval`` seconds, at each epoch end and at the
+    loop's end; with ``ciclo.checkpoint``, a resumed run continues the same tracker runs.
 
     Args:
-        writer: a :class:`MetricWriter`: :class:`TensorBoardWriter`, :class:`WandbWriter`,
-            :class:`MLflowWriter`, or any CLU metric writer.
+        writer: a :class:`MetricWriter` (:class:`TensorBoardWriter`, :class:`WandbWriter`,
+            :class:`MLflowWriter`, any CLU writer).
         interval: seconds between writes during training.
         process: the process that writes (``None``: every process).
         hparams: written once with ``write_hparams`` before the first row.
         close: close the writer when the loop ends (else only flush).
-
-    Use it in ``callbacks=[...]`` of :func:`ciclo.train_loop`, or under a schedule (or
-    spread with ``**``) in :func:`ciclo.loop`.
-
-    Attributes:
-        metric_writer: the writer.
 
     Example:
         >>> import ciclo, numpy as np
@@ -223,7 +175,7 @@ class WriterLogger(LoopCallbackBase):
     ) -> None:
         owner = self._owner
         if not callable(getattr(writer, "write_scalars", None)):
-            raise TypeError(_NOT_A_METRIC_WRITER.format(owner=owner, kind=type(writer).__name__))
+            raise TypeError(_NOT_A_WRITER.format(owner=owner, kind=type(writer).__name__))
         if isinstance(interval, bool) or not isinstance(interval, int | float) or interval < 0:
             raise TypeError(f"{owner}(interval={interval!r}): expected seconds, a number >= 0")
         self.metric_writer = writer
@@ -235,27 +187,18 @@ class WriterLogger(LoopCallbackBase):
         self._resume_from: int | None = None  # rows written when the checkpoint was saved
         self._last = -math.inf
 
-    # --- a checkpoint holds how many history rows were written, and the writers' runs: a
-    # resumed run continues there, in the same runs
     def _stateful_writers(self) -> list[Any]:
         return [w for w in writers_within(self.metric_writer) if is_stateful(w)]
 
     def state_dict(self) -> dict[str, Any]:
-        """How many history rows were written (``-1``: not started) and, on the writing
-        process, each writer's ``state_dict()`` (the identity of its run): saved with a
-        checkpoint."""
+        """Rows written (``-1``: none yet) and the writers' ``state_dict()``s."""
         state: dict[str, Any] = {"written": -1 if self._next_row is None else self._next_row}
         if writes_here(self.process):
             state["writers"] = [w.state_dict() for w in self._stateful_writers()]
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """In a resumed run: write again the rows the checkpoint holds but had not written,
-        in the runs the checkpoint names (each writer's ``load_state_dict``).
-
-        Raises:
-            ValueError: the checkpoint holds the runs of other writers.
-        """
+        """Resumes at the checkpoint's rows, in the writers' runs it names."""
         written = int(state["written"])
         self._resume_from = written if written >= 0 else None
         saved = state.get("writers")  # absent in checkpoints of ciclo 0.1
@@ -263,9 +206,7 @@ class WriterLogger(LoopCallbackBase):
             return
         writers = self._stateful_writers()
         if len(saved) != len(writers):
-            raise ValueError(
-                _OTHER_WRITERS.format(owner=self._owner, saved=len(saved), count=len(writers))
-            )
+            raise ValueError(_WRITERS.format(self._owner, len(saved), len(writers)))
         for writer, writer_state in zip(writers, saved, strict=True):
             writer.load_state_dict(writer_state)
 
@@ -291,8 +232,7 @@ class WriterLogger(LoopCallbackBase):
             self.hparams = None
 
     def write(self, loop_state: LoopState, *, force: bool = True) -> None:
-        """Writes the history rows committed since the last write (on the writing process;
-        at most every ``interval`` seconds unless ``force``)."""
+        """Writes the new rows (at most every ``interval`` seconds unless ``force``)."""
         if not writes_here(self.process):
             return
         if self._next_row is None:
@@ -324,8 +264,7 @@ class WriterLogger(LoopCallbackBase):
         self.write(loop_state, force=False)
 
     def __loop_end__(self, loop_state: LoopState, error: BaseException | None) -> None:
-        """At the loop's end (also ``ciclo.loop``'s, also after an error): writes the rows
-        left and flushes."""
+        """Writes the rows left and flushes (also after an error)."""
         if self._next_row is not None:
             self.end(loop_state)
 
@@ -354,39 +293,25 @@ def _flat(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _TENSORBOARD_ELSEWHERE = (
-    "TensorBoardWriter: the events up to step {step} are in {before!r}, where the "
-    "interrupted run wrote them; this resumed run writes the rest to {logdir!r}, which has "
-    "no event file. Give the logdir of the interrupted run to keep one run."
+    "TensorBoardWriter: steps up to {} are in {!r}, not {!r}; give that logdir."
 )
 
 
 def _import_tensorboardx() -> Any:
-    try:
-        from tensorboardX import SummaryWriter
-    except ImportError:
-        raise ImportError(
-            "ciclo.tensorboard_logger needs tensorboardX: pip install 'ciclo-core[tensorboard]'"
-        ) from None
-    return SummaryWriter
+    return _import_optional("tensorboardX", "tensorboard", "TensorBoardWriter").SummaryWriter
 
 
 class TensorBoardWriter:
     """A :class:`MetricWriter` to TensorBoard event files, with tensorboardX.
 
-    The event file is opened at the first write. A checkpoint holds the directory
-    (``state_dict``); in a resumed run, the events the interrupted run wrote after the
-    checkpoint's step are hidden (``purge_step``: TensorBoard drops the events of an earlier
-    file from that step on), so each step shows once. A resumed run that writes to another
-    directory than the interrupted one, where no event file is, says so in one warning.
+    A resumed run hides the events written after the checkpoint (``purge_step``).
 
     Args:
-        logdir: the directory of the event files (``tensorboard --logdir``).
+        logdir: the directory of the event files.
         **writer_kwargs: passed to ``tensorboardX.SummaryWriter``.
 
     Example:
-        >>> import tempfile
-        >>> writer = TensorBoardWriter(tempfile.mkdtemp())  # doctest: +SKIP
-        >>> writer.write_scalars(0, {"losses/loss": 0.5})  # doctest: +SKIP
+        >>> writer = TensorBoardWriter("runs/demo")  # doctest: +SKIP
     """
 
     def __init__(self, logdir: str | os.PathLike[str], **writer_kwargs: Any) -> None:
@@ -404,7 +329,7 @@ class TensorBoardWriter:
         return self._writer
 
     def state_dict(self) -> dict[str, str]:
-        """The directory of the event files (absolute): saved with a checkpoint."""
+        """The (absolute) directory of the event files."""
         return {"logdir": os.path.abspath(self.logdir)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -417,10 +342,8 @@ class TensorBoardWriter:
         if self._resumed_from not in (None, logdir) and not glob.glob(
             os.path.join(glob.escape(logdir), "events.out.tfevents.*")
         ):
-            warnings.warn(
-                _TENSORBOARD_ELSEWHERE.format(step=step, before=self._resumed_from, logdir=logdir),
-                stacklevel=2,
-            )
+            message = _TENSORBOARD_ELSEWHERE.format(step, self._resumed_from, logdir)
+            warnings.warn(message, stacklevel=2)
         if self._writer is None:
             self.writer_kwargs.setdefault("purge_step", step + 1)
 
@@ -450,7 +373,7 @@ class TensorBoardWriter:
             self._writer.flush()
 
     def close(self) -> None:
-        """Flushes and closes the event file (a later write opens a new one)."""
+        """Closes the event file (a later write opens a new one)."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -462,25 +385,15 @@ def _import_optional(module: str, extra: str, owner: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise ImportError(
-            f"ciclo.callbacks.{owner} needs {extra}: pip install 'ciclo-core[{extra}]'"
-        ) from None
+        raise ImportError(f"{owner} needs {extra}: pip install 'ciclo-core[{extra}]'") from None
 
 
-_WANDB_OTHER_RUN = (
-    "WandbWriter: the checkpoint continues W&B run {saved!r}, but this writer was given run "
-    "{given!r}. To continue the same run, give no run and no id= (the writer re-attaches to "
-    "{saved!r} by itself), or start it with wandb.init(id={saved!r}, resume='must')."
-)
-_WANDB_NO_FILES = (
-    "WandbWriter: resuming W&B run {run_id!r} offline, but {wandb_dir!r} holds none of its "
-    "earlier files (moved, or synced and cleaned?): this run logs from step {step} on."
-)
+_WANDB_RUN = "WandbWriter: the checkpoint's W&B run is {saved!r}, not {given!r}; give no run/id=."
+_WANDB_GONE = "WandbWriter: {!r} lacks the files of run {!r}; logs from step {} on."
 
 
 def _wandb_records(path: str) -> Iterator[bytes]:
-    """The records of a W&B transaction log (``run-<id>.wandb``): LevelDB log blocks of 32
-    KiB after a 7-byte header; a record cut by a kill ends the file."""
+    """The records of a W&B transaction log (LevelDB log blocks of 32 KiB after a 7-byte header)."""
     data = Path(path).read_bytes()
     if data[:4] != b":W&B":  # empty (a service killed before it wrote), or another format
         return
@@ -527,19 +440,12 @@ def _wandb_logged_steps(path: str) -> Iterator[int]:
 class WandbWriter:
     """A :class:`MetricWriter` to a Weights & Biases run (``pip install 'ciclo-core[wandb]'``).
 
-    Args:
-        run: an existing ``wandb`` run; else one is started at the first write with
-            ``wandb.init(**init_kwargs)`` (e.g. ``project=``, ``mode="offline"``, ``dir=``).
-        **init_kwargs: passed to ``wandb.init``.
+    A checkpoint holds the run's id; a resumed run continues it (``resume="must"``) and skips
+    the steps the run already holds.
 
-    With ``ciclo.checkpoint``, a checkpoint holds the W&B run's id (one is chosen at the
-    first checkpoint when the run has not started yet), and a resumed run continues that run
-    with no id passed by hand: ``wandb.init(id=..., resume="must")`` (``"allow"`` when the
-    interrupted run had not started it). The steps the run already holds (those the
-    interrupted run logged after the checkpoint, equal to what the resumed run computes) are
-    skipped, so each step is logged once: online, the steps before the resumed run's
-    ``starting_step``; offline, the steps in the run's earlier files under the same ``dir``
-    (``wandb sync`` of those directories gives one run).
+    Args:
+        run: an existing run; else ``wandb.init(**init_kwargs)`` at the first write.
+        **init_kwargs: passed to ``wandb.init`` (``project=``, ``mode="offline"``, ``dir=``).
 
     Example:
         >>> writer = WandbWriter(project="demo", mode="offline")  # doctest: +SKIP
@@ -561,7 +467,7 @@ class WandbWriter:
         return self._run
 
     def state_dict(self) -> dict[str, Any]:
-        """The W&B run's id, and whether the run was started: saved with a checkpoint."""
+        """The run's id (chosen now if not started) and whether it started."""
         if self._run is not None:
             return {"run_id": str(self._run.id), "started": True}
         if self.init_kwargs.get("id") is None:  # chosen now, so that the checkpoint names it
@@ -570,24 +476,18 @@ class WandbWriter:
         return {"run_id": str(self.init_kwargs["id"]), "started": False}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """In a resumed run: continue the checkpoint's W&B run.
-
-        Raises:
-            ValueError: this writer was given another run (``run=`` or ``id=``).
-        """
+        """In a resumed run: continue the checkpoint's W&B run."""
         saved = str(state["run_id"])
         given = self._run.id if self._run is not None else self.init_kwargs.get("id")
         if given is not None and str(given) != saved:
-            raise ValueError(_WANDB_OTHER_RUN.format(saved=saved, given=str(given)))
+            raise ValueError(_WANDB_RUN.format(saved=saved, given=str(given)))
         self._started_before = bool(state.get("started"))
         if self._run is None:
             self.init_kwargs["id"] = saved
             self.init_kwargs.setdefault("resume", "must" if self._started_before else "allow")
 
     def resume_at(self, step: int) -> int | None:
-        """Starts the run and skips the steps it already holds after ``step``; returns the
-        last step it holds (lower than ``step`` when the service of the killed run had not
-        stored the last rows it was sent: the logger sends them again)."""
+        """Starts the run, skips the steps after ``step`` it holds; returns the last it holds."""
         run = self.run
         settings = run.settings
         if settings.mode not in ("offline", "dryrun"):  # online: what the server holds
@@ -602,12 +502,8 @@ class WandbWriter:
             held = max([held, *_wandb_logged_steps(path)])
         self._skip_to = held if held > step else None
         if not earlier and self._started_before:
-            warnings.warn(
-                _WANDB_NO_FILES.format(
-                    run_id=str(run.id), wandb_dir=settings.wandb_dir, step=step + 1
-                ),
-                stacklevel=2,
-            )
+            message = _WANDB_GONE.format(settings.wandb_dir, str(run.id), step + 1)
+            warnings.warn(message, stacklevel=2)
             return None  # perhaps synced: the rows before the checkpoint are not sent again
         return held
 
@@ -649,37 +545,21 @@ class WandbWriter:
             self.init_kwargs, self._skip_to = dict(self._given), None
 
 
-_MLFLOW_OTHER_RUN = (
-    "MLflowWriter: the checkpoint continues MLflow run {saved!r}, but this writer was given "
-    "run_id={given!r}. To continue the same run, give no run_id (the writer re-attaches to "
-    "{saved!r} by itself)."
-)
-_MLFLOW_MISSING_RUN = (
-    "MLflowWriter: the checkpoint continues MLflow run {id!r} (in {was!r}), which {uri!r} "
-    "does not hold{why}. Give the tracking_uri of the interrupted run, or restore the run "
-    "(MlflowClient(tracking_uri).restore_run({id!r}) after a delete)."
-)
+_MLFLOW_RUN = "MLflowWriter: the checkpoint's run is {saved!r}, not {given!r}; give no run_id."
+_MLFLOW_GONE = "MLflowWriter: {uri!r} lacks run {id!r}{why}; give tracking_uri {was!r} or restore."
 
 
 class MLflowWriter:
-    """A :class:`MetricWriter` to an MLflow run (``pip install 'ciclo-core[mlflow]'``, which
-    installs ``mlflow-skinny``; the full ``mlflow`` works too).
+    """A :class:`MetricWriter` to an MLflow run (``pip install 'ciclo-core[mlflow]'``).
+
+    A checkpoint holds the run's id; a resumed run logs to it again (``RUNNING``) and skips,
+    key by key, the points it already holds.
 
     Args:
-        run_id: an existing run to log to; else a run is created at the first write (or at
-            the first checkpoint).
-        tracking_uri: where runs are stored: a database (``"sqlite:///mlflow.db"``, what
-            the extra installs for) or a server (``"http://..."``); default: MLflow's.
-            MLflow 3 refuses a ``"file://..."`` store unless ``MLFLOW_ALLOW_FILE_STORE=true``.
-        experiment_name: the experiment of a new run (default: MLflow's default).
+        run_id: an existing run; else one is created at the first write.
+        tracking_uri: the store (``"sqlite:///mlflow.db"``, ``"http://..."``); default: MLflow's.
+        experiment_name: the experiment of a new run.
         run_name: the name of a new run.
-
-    With ``ciclo.checkpoint``, a checkpoint holds the run's id, and a resumed run logs to
-    that run with no id passed by hand (its status goes back to ``RUNNING`` until the loop
-    closes it). The points the run already holds after the checkpoint (logged by the
-    interrupted run, equal to what the resumed run computes) are not logged again, key by
-    key, so each step of each metric is in the run once. A run that the store does not hold
-    (deleted, or another ``tracking_uri``) is an error naming the run and the fix.
 
     Example:
         >>> writer = MLflowWriter(tracking_uri="sqlite:///mlflow.db")  # doctest: +SKIP
@@ -717,37 +597,30 @@ class MLflowWriter:
         return self._run_id
 
     def state_dict(self) -> dict[str, str]:
-        """The run's id (created now if no write came yet) and the store's URI: saved with
-        a checkpoint."""
+        """The run's id (created now if needed) and the store's URI."""
         return {"run_id": self.run_id, "tracking_uri": str(self.client.tracking_uri)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """In a resumed run: log to the checkpoint's run, marked ``RUNNING`` again.
-
-        Raises:
-            ValueError: this writer was given another run, or the store does not hold the
-                checkpoint's run (deleted, or another ``tracking_uri``).
-        """
+        """In a resumed run: log to the checkpoint's run, marked ``RUNNING`` again."""
         from mlflow.exceptions import MlflowException
 
         saved = str(state["run_id"])
         if self._run_id is not None and self._run_id != saved:
-            raise ValueError(_MLFLOW_OTHER_RUN.format(saved=saved, given=self._run_id))
+            raise ValueError(_MLFLOW_RUN.format(saved=saved, given=self._run_id))
         try:
             run = self.client.get_run(saved)
         except MlflowException:
             run = None
         if run is None or run.info.lifecycle_stage == "deleted":
             was, uri = str(state.get("tracking_uri")), str(self.client.tracking_uri)
-            why = "" if run is None else " (it was deleted)"
-            raise ValueError(_MLFLOW_MISSING_RUN.format(id=saved, was=was, uri=uri, why=why))
+            why = "" if run is None else " (deleted)"
+            raise ValueError(_MLFLOW_GONE.format(id=saved, was=was, uri=uri, why=why))
         self._run_id = saved
         if run.info.status != "RUNNING":
             self.client.update_run(saved, status="RUNNING")
 
     def resume_at(self, step: int) -> None:
-        """Skips, key by key, the steps after ``step`` that the run already holds (logged by
-        the interrupted run, equal to what the resumed run computes)."""
+        """Skips, key by key, the steps after ``step`` that the run already holds."""
         if self._run_id is None:
             return
         self._held = {}

@@ -1,12 +1,5 @@
-"""Averaged weights: an exponential moving average of the parameters (``ema_params``), kept
-by the state and updated with every optimizer update, inside the compiled step.
-
-``ema_params <- decay * ema_params + (1 - decay) * params`` after each update, starting from
-the initial parameters. Because the average is a field of the state, it is fused with the
-step (``steps_per_call``), made once per optimizer update under gradient accumulation,
-placed by every strategy like the parameters (a sharding rule that ``re.search`` es
-``dense/kernel`` places ``ema_params/dense/kernel`` too), and saved and resumed by
-checkpoints with the rest of the state.
+"""Averaged weights: ``ema_params <- decay * ema_params + (1 - decay) * params`` after each
+optimizer update, a field of the state (fused, placed, checkpointed like the parameters).
 """
 
 from __future__ import annotations
@@ -20,7 +13,7 @@ __all__ = ["as_ema_decay", "ema_fields", "initial_ema_params", "update_ema"]
 
 
 def as_ema_decay(value: Any) -> float | None:
-    """The validated ``ema`` option of a state: ``None`` (no average) or a decay in [0, 1).
+    """The checked ``ema`` option of a state: ``None`` (no average) or a decay in [0, 1).
 
     Example:
         >>> as_ema_decay(0.999)
@@ -34,8 +27,7 @@ def as_ema_decay(value: Any) -> float | None:
 
 
 def initial_ema_params(params: Any) -> Any:
-    """The average before the first update: a copy of ``params`` (its own buffers, so a
-    strategy that donates the state's buffers never donates one twice).
+    """A copy of ``params`` with its own buffers (never donated twice).
 
     Example:
         >>> import jax.numpy as jnp
@@ -46,8 +38,7 @@ def initial_ema_params(params: Any) -> Any:
 
 
 def ema_fields(params: Any, ema: Any) -> dict[str, Any]:
-    """The fields of a new state with the ``ema`` option: ``ema_decay`` and the initial
-    ``ema_params`` (none without an average).
+    """The fields ``ema_decay`` and ``ema_params`` of a new state (none without ``ema``).
 
     Example:
         >>> import jax.numpy as jnp
@@ -61,8 +52,7 @@ def ema_fields(params: Any, ema: Any) -> dict[str, Any]:
 
 
 def update_ema(state: Any) -> Any:
-    """``state`` with ``ema_params`` moved towards ``params`` by ``1 - ema_decay`` (in the
-    average's own dtype); ``state`` itself when it keeps no average.
+    """``state`` with ``ema_params`` moved towards ``params`` by ``1 - ema_decay``.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax
@@ -86,8 +76,4 @@ def update_ema(state: Any) -> Any:
     return state.replace(ema_params=jax.tree.map(move, state.ema_params, state.params))
 
 
-_NOT_A_DECAY = (
-    "ema={value!r}: give the decay of the moving average of the parameters, a number in "
-    "[0, 1) such as 0.999 (each update keeps that fraction of the average), or None for no "
-    "average."
-)
+_NOT_A_DECAY = "ema={value!r}: give the decay of the parameters' average in [0, 1), or None."

@@ -1,21 +1,6 @@
-"""Sharded strategies: the state's arrays split over a device mesh, the compiler left to
-gather them (``"fsdp"``, ``"sharded"``).
-
-Both are ``jax.jit`` with ``NamedSharding`` s, like ``"data-parallel"``: the batch is split
-along its first axis over the mesh's data axis, the state goes in and comes out as ordinary
-global ``jax.Array`` s, and XLA inserts the all-gathers and reduce-scatters. What differs
-is where each state array lives, given by a ``PartitionSpec`` per array
-(:func:`partition_specs`), found in this order:
-
-1. ``rules``: ``(regex, PartitionSpec)`` pairs, the first whose regex ``re.search`` es the
-   array's path wins;
-2. partitioning metadata the model carries (Flax's ``nn.with_partitioning``, NNX sharding
-   annotations), read by the readers adapters declare (``Adapter.partition_metadata``) or a
-   script registers (:func:`register_partition_metadata`);
-3. otherwise replicated;
-
-and with ``fsdp`` the largest dimension still unsplit that divides by the data axis's size
-is split over the data axis too.
+"""Sharded strategies (``"fsdp"``, ``"sharded"``): ``jax.jit`` with ``NamedSharding`` s, each
+state array placed by its ``PartitionSpec`` (:func:`partition_specs`), the batch split over
+the data axis; XLA inserts the gathers and reductions.
 """
 
 from __future__ import annotations
@@ -42,13 +27,7 @@ from ._strategies import (
     step_counts,
 )
 
-__all__ = [
-    "sharded",
-    "fsdp",
-    "partition_specs",
-    "register_partition_metadata",
-    "key_path",
-]
+__all__ = ["sharded", "fsdp", "partition_specs", "register_partition_metadata", "key_path"]
 
 PartitionSpec = jax.sharding.PartitionSpec
 SpecReader = Callable[[Any], "PartitionSpec | None"]
@@ -57,16 +36,11 @@ Rules = Sequence[tuple[str, Any]] | Mapping[str, Any] | RuleFn
 # Rules compiled: (path, leaf) -> (spec, where the spec comes from) | None.
 Matcher = Callable[[str, Any], "tuple[Any, str] | None"]
 
-_BROKEN_ADAPTER = (
-    "ciclo: the adapter {name!r} failed to load ({error}); the sharded strategies ignore "
-    "the partition metadata it reads."
-)
+_BROKEN_ADAPTER = "ciclo: adapter {name!r} failed to load ({error}); its metadata is ignored."
 
 
 def _readers() -> dict[type, SpecReader]:
-    """The partition metadata readers: those registered in this process, then those of the
-    adapters whose framework is imported (``Adapter.partition_metadata``). A broken adapter
-    is a warning: the annotations it reads are then ignored."""
+    """The partition metadata readers (registered, then adapters'); a broken adapter warns."""
     table, broken = extras("partition_metadata")
     for name, error in broken.items():
         warnings.warn(_BROKEN_ADAPTER.format(name=name, error=error), RuntimeWarning, stacklevel=4)
@@ -74,18 +48,12 @@ def _readers() -> dict[type, SpecReader]:
 
 
 def register_partition_metadata(node_type: type, spec_of: SpecReader) -> None:
-    """Teaches the sharded strategies to read partitioning metadata a model carries.
-
-    ``node_type`` is a pytree node class that wraps arrays with sharding annotations (as
-    Flax's ``nn.Partitioned`` and ``nnx.Variable`` do); ``spec_of(node)`` returns the
-    ``PartitionSpec`` of the arrays in it, or ``None`` for none. Adapters register their
-    framework's classes (``ciclo_flax`` does for Flax, on import and through the
-    ``ciclo.partition_metadata`` entry-point group, whose functions core runs before it
-    first places a state); rules given to the strategy take precedence.
+    """Teaches the sharded strategies to read the partitioning metadata of ``node_type`` nodes.
 
     Args:
-        node_type: the annotated node's class (subclasses match too).
-        spec_of: ``node -> PartitionSpec | None``.
+        node_type: a pytree node class wrapping annotated arrays (subclasses match too), as
+            Flax's ``nn.Partitioned``.
+        spec_of: ``node -> PartitionSpec | None``; rules given to the strategy take precedence.
 
     Example:
         >>> import ciclo, jax
@@ -113,9 +81,7 @@ def _reader(readers: dict[type, SpecReader], node: Any) -> SpecReader | None:
 
 
 def key_path(path: Sequence[Any]) -> str:
-    """A pytree key path as the ``'/'``-joined string rules match: ``params/dense/kernel``,
-    ``opt_state/0/trace/dense/kernel``. A ``ManagedState`` 's extra fields read as
-    attributes (``batch_stats/...``, not ``extra/batch_stats/...``).
+    """A pytree key path as the ``'/'``-joined string rules match (``params/dense/kernel``).
 
     Example:
         >>> import ciclo, jax
@@ -156,18 +122,12 @@ def _matcher(rules: Rules | None, strategy: str) -> Matcher:
     compiled = []
     for i, pair in enumerate(pairs):
         if not (isinstance(pair, tuple | list) and len(pair) == 2):
-            raise TypeError(
-                f"{strategy}: rule {i} is {pair!r}; a rule is a pair (regex, PartitionSpec), "
-                f'e.g. ("dense/kernel", PartitionSpec(None, "model")).'
-            )
+            raise TypeError(f"{strategy}: rule {i} is {pair!r}; a rule is a pair (regex, spec).")
         pattern, spec = pair
         if not isinstance(pattern, str):
             raise TypeError(f"{strategy}: rule {i} has pattern {pattern!r}; use a regex string.")
         if not isinstance(spec, PartitionSpec):
-            raise TypeError(
-                f"{strategy}: rule {pattern!r} maps to {spec!r}, not a PartitionSpec; write "
-                f"jax.sharding.PartitionSpec(...) (PartitionSpec() replicates)."
-            )
+            raise TypeError(f"{strategy}: rule {pattern!r} maps to {spec!r}, not a PartitionSpec.")
         try:
             compiled.append((re.compile(pattern), spec))
         except re.error as error:
@@ -237,27 +197,19 @@ def partition_specs(
     fsdp_axis: str | tuple[str, ...] | None = None,
     strategy: str = "partition_specs",
 ) -> Any:
-    """The ``PartitionSpec`` of every array in ``tree`` (a state), as the sharded strategies
-    place it: the first of ``rules`` whose regex ``re.search`` es the array's
-    :func:`key_path`, else its partitioning metadata, else replicated; with ``fsdp_axis``,
-    the largest dimension left unsplit that divides by that axis's size is split over it.
+    """The ``PartitionSpec`` of every array in ``tree``, as the sharded strategies place it.
 
-    A spec that does not fit its array (too many entries, an axis the mesh lacks, a
-    dimension that does not divide) is an error naming the array and the rule, except for
-    optimizer-state arrays (under ``opt_state``), which are replicated instead: rules are
-    written for parameters, and optimizer states hold other shapes too (counts, factored
-    moments).
+    The first of ``rules`` whose regex searches the array's :func:`key_path` wins, else its
+    partitioning metadata, else replicated; with ``fsdp_axis``, the largest unsplit dimension
+    that divides is split over it too. A spec that does not fit is an error, except under
+    ``opt_state`` (replicated).
 
     Args:
         tree: any pytree, e.g. a :class:`~ciclo.managed.ManagedState`.
-        rules: ``[(regex, PartitionSpec), ...]``, a ``{regex: PartitionSpec}`` dict, or a
-            function ``(path, leaf) -> PartitionSpec | None``.
-        mesh: the mesh the specs refer to (default: every device on an axis ``"data"``).
-        fsdp_axis: the data axis to split parameters over as well (``"fsdp"``), or None.
+        rules: ``[(regex, PartitionSpec), ...]``, a dict, or ``(path, leaf) -> spec | None``.
+        mesh: the mesh (default: every device on an axis ``"data"``).
+        fsdp_axis: the data axis to split parameters over as well, or None.
         strategy: the name errors mention.
-
-    Returns:
-        A pytree like ``tree`` with a ``PartitionSpec`` in place of every array.
 
     Example:
         >>> import ciclo, jax, jax.numpy as jnp
@@ -284,6 +236,34 @@ def _partition_specs(
         if fsdp_axis is not None
         else 0
     )
+
+    def leaf_spec(name: str, leaf: Any, annotated: Any, lenient: bool) -> PartitionSpec:
+        shape = tuple(np.shape(leaf))
+        dtype = getattr(leaf, "dtype", None)
+        if not shape or (dtype is not None and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)):
+            return cast(PartitionSpec, partition_spec())
+        found = match(name, leaf)
+        if found is None and annotated is not None:
+            found = (annotated, "its partitioning metadata")
+        entries: list[Any] = [None] * len(shape)
+        if found is not None:
+            spec, source = found
+            if not isinstance(spec, PartitionSpec):
+                raise TypeError(f"{strategy}: {source} gives {name} {spec!r}, not a PartitionSpec.")
+            fitted, problem = _fit(spec, shape, mesh)
+            if problem is None:
+                entries = fitted
+            elif not lenient:
+                raise ValueError(
+                    f"{strategy}: {source} gives {name} (shape {shape}) the spec {spec}, which "
+                    f"{problem}; change the rule or the mesh."
+                )
+        if fsdp_axis is not None:
+            entries = _add_fsdp(entries, shape, fsdp_axis, fsdp_size)
+        while entries and entries[-1] is None:
+            entries.pop()
+        return cast(PartitionSpec, partition_spec(*entries))
+
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     is_annotated = (lambda node: _reader(readers, node) is not None) if readers else None
     nodes = jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_annotated)[0]
@@ -297,62 +277,10 @@ def _partition_specs(
             inner, annotated = [node], None
         name = key_path(path)
         lenient = bool(path) and key_path(path[:1]) == "opt_state"
-        for leaf in inner:
-            specs.append(
-                _leaf_spec(
-                    name, leaf, match, annotated, mesh, fsdp_axis, fsdp_size, lenient, strategy
-                )
-            )
+        specs += [leaf_spec(name, leaf, annotated, lenient) for leaf in inner]
     if len(specs) != len(leaves):  # an annotated node flattened differently: a reader bug
         raise RuntimeError(f"{strategy}: found {len(specs)} arrays, expected {len(leaves)}.")
     return jax.tree_util.tree_unflatten(treedef, specs)
-
-
-def _leaf_spec(
-    name: str,
-    leaf: Any,
-    match: Matcher,
-    annotated: PartitionSpec | None,
-    mesh: jax.sharding.Mesh,
-    fsdp_axis: str | tuple[str, ...] | None,
-    fsdp_size: int,
-    lenient: bool,
-    strategy: str,
-) -> PartitionSpec:
-    shape = tuple(np.shape(leaf))
-    dtype = getattr(leaf, "dtype", None)
-    if not shape or (dtype is not None and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key)):
-        return cast(PartitionSpec, partition_spec())
-    found = match(name, leaf)
-    if found is None and annotated is not None:
-        found = (annotated, "its partitioning metadata")
-    entries: list[Any] = [None] * len(shape)
-    if found is not None:
-        spec, source = found
-        if not isinstance(spec, PartitionSpec):
-            raise TypeError(
-                f"{strategy}: {source} gives {name} {spec!r}, not a PartitionSpec; return "
-                f"jax.sharding.PartitionSpec(...) or None."
-            )
-        fitted, problem = _fit(spec, shape, mesh)
-        if problem is None:
-            entries = fitted
-        elif not lenient:
-            raise ValueError(
-                _SPEC_DOES_NOT_FIT.format(
-                    strategy=strategy,
-                    source=source,
-                    name=name,
-                    shape=shape,
-                    spec=spec,
-                    problem=problem,
-                )
-            )
-    if fsdp_axis is not None:
-        entries = _add_fsdp(entries, shape, fsdp_axis, fsdp_size)
-    while entries and entries[-1] is None:
-        entries.pop()
-    return cast(PartitionSpec, partition_spec(*entries))
 
 
 def sharded(
@@ -365,32 +293,18 @@ def sharded(
     steps_per_call: StepsPerCall = 1,
     accumulate_steps: int = 1,
 ) -> Strategy:
-    """Model parallelism from rules: every state array is placed on ``mesh`` by its
-    ``PartitionSpec`` (see :func:`partition_specs`: ``rules``, else the model's own
-    partitioning metadata, else replicated), each batch is split along its first axis over
-    the data ``axis``, and ``jax.jit`` compiles the step with those shardings: the compiler
-    inserts the gathers and reductions. The state goes in and comes out as ordinary global
-    arrays; gradients and logs are those of the whole batch, as with ``"jit"``.
+    """Model parallelism from rules: each state array placed by :func:`partition_specs`.
 
-    Use a mesh with ``AxisType.Auto`` axes (``jax.make_mesh(..., axis_types=...)``), so the
-    compiler propagates shardings through code written for one device. Multi-host: as
-    :func:`~ciclo.managed.data_parallel` (each process feeds its part of the batch; the
-    state must be the same on every process when placed).
+    The batch is split along its first axis over ``axis`` and ``jax.jit`` compiles the step
+    with those shardings; results equal ``"jit"``. Use ``AxisType.Auto`` mesh axes.
 
     Args:
-        mesh: the device mesh, e.g. ``jax.make_mesh((2, 4), ("data", "model"),
-            axis_types=(AxisType.Auto,) * 2)`` (default: every device on ``axis``).
-        rules: ``[(regex, PartitionSpec), ...]`` (or a dict, or a function ``(path, leaf)
-            -> PartitionSpec | None``) matched against each array's path in the state,
-            e.g. ``("dense1/kernel", P(None, "model"))``; the first match wins. Paths look
-            like ``params/dense1/kernel`` and ``opt_state/0/trace/dense1/kernel``, so one
-            rule covers a parameter and its optimizer moments.
+        mesh: the device mesh (default: every device on ``axis``).
+        rules: ``[(regex, PartitionSpec), ...]`` (or a dict, or a function) matched against
+            paths like ``params/dense1/kernel``; the first match wins.
         axis: the mesh axis (or axes) the batch is split over.
-        fsdp: also split each array over ``axis``, along its largest dimension that is
-            still unsplit and divides by the axis's size (2-D sharding with ``rules``).
-        donate: donate the input state's buffers (see :func:`~ciclo.managed.jit`).
-        steps_per_call: batches per compiled call (see :func:`~ciclo.managed.jit`).
-        accumulate_steps: micro-batches per training batch (see :func:`~ciclo.managed.jit`).
+        fsdp: also split each array over ``axis`` (see :func:`fsdp`).
+        donate, steps_per_call, accumulate_steps: see :func:`~ciclo.managed.jit`.
 
     Example:
         >>> import ciclo, jax
@@ -412,18 +326,14 @@ def fsdp(
     steps_per_call: StepsPerCall = 1,
     accumulate_steps: int = 1,
 ) -> Strategy:
-    """Fully sharded data parallelism: parameters and optimizer state are split over the
-    data ``axis`` (each array along its largest dimension that divides by the number of
-    devices on it, replicated when none does), the batch too; the compiler gathers each
-    parameter where it is used. Each device holds about ``1/n`` of the state instead of
-    all of it; the result equals ``"jit"`` on one device.
+    """Fully sharded data parallelism: :func:`sharded` with ``fsdp=True``.
 
-    It is :func:`sharded` with ``fsdp=True``: ``rules`` (and the model's partitioning
-    metadata) may also split arrays over other mesh axes (2-D sharding).
+    Each state array is split over ``axis`` along its largest dimension that divides by the
+    axis's size (replicated when none does); ``rules`` may split over other axes too.
 
     Args:
         mesh: the device mesh (default: every device on ``axis``).
-        rules: as in :func:`sharded` (default: none).
+        rules: as in :func:`sharded`.
         axis: the data axis (or axes).
         donate, steps_per_call, accumulate_steps: see :func:`~ciclo.managed.jit`.
 
@@ -464,7 +374,6 @@ def _sharded(
         return put_global(state, shardings_of(state))
 
     def compile_step(fn: StepFn) -> StepFn:
-        # One jit per state structure and shapes, since the shardings depend on them.
         cache: dict[Any, tuple[StepFn, list[Any]]] = {}
 
         def run(state: Any, batch: Any, broadcasts: Any) -> Any:
@@ -484,8 +393,7 @@ def _sharded(
             try:
                 return jitted(state, batch, broadcasts)
             except ValueError:
-                # jit does not move sharded arguments: a state made elsewhere (a callback
-                # that rebuilt params on one device) is placed here, off the hot path.
+                # jit does not move sharded arguments: place a state made elsewhere
                 if all(
                     getattr(leaf, "sharding", target) == target
                     for leaf, target in zip(leaves, targets, strict=True)
@@ -510,10 +418,3 @@ def _sharded(
 
 register_built_in("sharded", sharded)
 register_built_in("fsdp", fsdp)
-
-
-_SPEC_DOES_NOT_FIT = (
-    "{strategy}: {source} gives {name} (shape {shape}) the spec {spec}, which {problem}. "
-    "Change the rule or the mesh so that every split dimension divides by the number of "
-    "devices it is split over."
-)

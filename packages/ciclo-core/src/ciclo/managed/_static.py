@@ -1,10 +1,4 @@
-"""``Static``: the one wrapper for values a compiled step treats as static.
-
-A jitted step hashes and compares the static part of its arguments at every call. A state
-keeps that part in one :class:`Static` (its pytree node data, hashed once per state and
-carried through the step), functions held in a state's extra fields are each one, and
-adapters hold costly or unhashable static values (a model's structure) in one.
-"""
+"""``Static``: the one wrapper for values a compiled step treats as static."""
 
 from __future__ import annotations
 
@@ -19,11 +13,9 @@ __all__ = ["Static", "keep_static", "shared"]
 
 
 class Static:
-    """Holds a value for a static field of a state: hashed once (a jitted step hashes its
-    static fields at every call), compared by identity first, then by value.
+    """A static value of a state: hashed once, compared by identity, then by value if hashable.
 
-    A value that is not hashable (a Flax module with list attributes...) is compared by
-    identity only. As a pytree it has no leaves (it is never moved to a device nor traced).
+    As a pytree it has no leaves.
 
     Example:
         >>> import ciclo
@@ -71,9 +63,7 @@ _SHARED: weakref.WeakValueDictionary[int, Static] = weakref.WeakValueDictionary(
 
 
 def shared(static: Static) -> Static:
-    """The one :class:`Static` in use equal to ``static`` (``static`` itself if there is
-    none): a jitted step compares its arguments' static parts with those it was compiled
-    for, and the same object compares without a Python call.
+    """The one :class:`Static` in use equal to ``static`` (compared without a Python call).
 
     Example:
         >>> a = shared(Static((1, 2)))
