@@ -9,13 +9,20 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import ciclo
+from ciclo._loop import _fusion
+from ciclo._loop._callback import Callback
+from ciclo._records._logs import Logs
 from ciclo.managed import _auto, _step
 
 sys.path.insert(0, str(Path(__file__).parent))
 import auto_fusion_training as training
+import test_managed
 from test_managed import (
     assert_same_history,
     assert_trees_close,
@@ -200,6 +207,40 @@ def test_batches_of_another_shape_end_an_auto_group(monkeypatch, forced_k):
         make_state("jit"), batches, {ciclo.every(1): regression_step}
     )
     assert spy.groups == [4, 2, 4]
+    assert_same_history(history, history_1)
+
+
+_NESTED = {"x": {"a": np.zeros(3, np.float32)}, "y": np.zeros(1)}
+
+
+@pytest.mark.parametrize(
+    ("first", "other"),
+    [
+        (np.zeros(3, np.float32), np.zeros(3, np.int32)),  # the dtype only
+        (jnp.zeros(3), jnp.zeros(4)),
+        (np.zeros(3), (np.zeros(3),)),
+        ((np.zeros(3), np.zeros(2)), (np.zeros(3), np.zeros(2, np.int32))),
+        ((np.zeros(3), np.zeros(2)), [np.zeros(3), np.zeros(2)]),
+        ((np.zeros(3), 1), (np.zeros(3), 1.0)),
+        (_NESTED, {"x": {"a": np.zeros(3, np.float16)}, "y": np.zeros(1)}),
+        (_NESTED, {"x": {"b": np.zeros(3, np.float32)}, "y": np.zeros(1)}),
+        (_NESTED, {"x": {"a": np.zeros((3, 1), np.float32)}, "y": np.zeros(1)}),
+    ],
+)
+def test_a_batch_of_another_shape_dtype_or_structure_ends_a_group(first, other):
+    group = _fusion.Group(Callback(regression_step), 8, Logs(), first)
+    assert group.accepts_batch(jax.tree.map(lambda x: x + 1 if type(x) is int else 2 * x, first))
+    assert not group.accepts_batch(other)
+
+
+def test_a_batch_whose_dtype_changes_ends_a_fixed_k_group(monkeypatch):
+    batches = make_batches(steps=6)
+    batches[3] = (batches[3][0], batches[3][1].astype(np.float16))
+    spy = test_managed.Spy(monkeypatch)
+    tasks = {ciclo.every(1): regression_step}
+    _, history, _ = ciclo.loop(make_state("jit", steps_per_call=4), batches, tasks)
+    _, history_1, _ = ciclo.loop(make_state("jit"), batches, tasks)
+    assert spy.groups == [3, 2]  # steps 1-3 | 4 (a plain step) | 5-6
     assert_same_history(history, history_1)
 
 

@@ -150,13 +150,13 @@ class Spy:
 
     def __init__(self, monkeypatch):
         self.groups = []
-        many = ciclo.managed.ManagedStep.many
+        many = ciclo.managed.ManagedStep._many_in_parts  # the loop's many()
 
-        def spy(step, state, batches):
+        def spy(step, state, batches, parts):
             self.groups.append(len(batches))
-            return many(step, state, batches)
+            return many(step, state, batches, parts)
 
-        monkeypatch.setattr(ciclo.managed.ManagedStep, "many", spy)
+        monkeypatch.setattr(ciclo.managed.ManagedStep, "_many_in_parts", spy)
 
 
 def train_tasks():

@@ -3,7 +3,9 @@
 A callback that implements ``__loop_steps_per_call__`` and ``__loop_callback_many__`` (see
 :mod:`ciclo._loop._hooks`) runs up to K consecutive batches in one call. The engine's one
 per-step path (:mod:`ciclo._loop._engine`) collects such steps in a :class:`Group` and runs
-it here; the grouping rules are documented in :func:`ciclo.loop`.
+it here; the grouping rules are documented in :func:`ciclo.loop`. Its
+``__loop_callback_many__`` may return the last row's logs as a third item, ``(stacked logs,
+state, last row)``: the group then needs no call of its own to take that row.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import functools
 from typing import Any, cast
 
 import jax
+import numpy as np
 
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed
@@ -24,6 +27,12 @@ __all__ = ["Group"]
 
 
 def _batch_signature(batch: Any) -> tuple[Any, ...]:
+    """What a group's batches share: shapes, dtypes and structure (an array's or a tuple's
+    read without flattening, the common cases)."""
+    if isinstance(batch, np.ndarray | jax.Array):
+        return batch.shape, batch.dtype
+    if type(batch) is tuple:
+        return (tuple, *map(_batch_signature, batch))
     leaves, treedef = jax.tree_util.tree_flatten(batch)
     return (treedef, *((getattr(x, "shape", None), getattr(x, "dtype", type(x))) for x in leaves))
 
@@ -78,9 +87,9 @@ class Group:
             return
         loop_state.elapsed = self.elapsed[0]
         try:
-            logs, state = self.fused.parse(
-                self.fused.fn.__loop_callback_many__(loop_state, self.batches)
-            )
+            out = self.fused.fn.__loop_callback_many__(loop_state, self.batches)
+            last_logs = out[2] if type(out) is tuple and len(out) == 3 else None
+            logs, state = self.fused.parse(out if last_logs is None else out[:2])
         except Exception as error:
             first, last = self.elapsed[0].steps, self.elapsed[-1].steps
             error.add_note(f"(in ciclo callback {self.fused.name} at steps {first}-{last})")
@@ -91,7 +100,7 @@ class Group:
         if self.before_logs or self.after:
             self._commit_rows(loop_state, logs, in_flight)
         else:
-            self._commit_stacked(loop_state, logs)
+            self._commit_stacked(loop_state, logs, last_logs)
             in_flight.push_tree(loop_state.logs, loop_state.state)
 
     def _commit_rows(self, loop_state: LoopState, logs: Logs, in_flight: InFlight) -> None:
@@ -107,12 +116,12 @@ class Group:
         loop_state.logs = rows[-1]
         run_step(loop_state, [*self.after, *self.observers], in_flight)
 
-    def _commit_stacked(self, loop_state: LoopState, logs: Logs) -> None:
+    def _commit_stacked(self, loop_state: LoopState, logs: Logs, last_logs: Any) -> None:
         """Only the fused callback ran: the stacked logs go to history as one block."""
         loop_state.elapsed = self.elapsed[-1]
         if logs:
             loop_state.history.commit_many(self.elapsed, logs)
-            loop_state.logs = _last_row(logs)
+            loop_state.logs = _last_row(logs) if last_logs is None else last_logs
         _run_observers(self.observers, loop_state)
 
 

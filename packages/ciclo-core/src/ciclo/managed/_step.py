@@ -54,7 +54,7 @@ class ManagedStep:
         differentiate: bool,
         broadcasts: Any = None,
         statics: Hashable = None,
-        compiled: dict[tuple[Strategy, bool, Hashable], StepFunction] | None = None,
+        compiled: dict[tuple[Strategy, bool | str, Hashable], StepFunction] | None = None,
     ) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
@@ -135,11 +135,12 @@ class ManagedStep:
         return (Logs() if logs is None else logs), (state if new_state is NO_CHANGE else new_state)
 
     def compiled_for(
-        self, strategy: Strategy, *, fused: bool = False, statics: Hashable = None
+        self, strategy: Strategy, *, fused: bool | str = False, statics: Hashable = None
     ) -> StepFunction:
         """The step compiled for ``strategy`` and ``statics`` (cached), taking ``(state,
         batch, broadcasts)``; ``fused=True``: the version that takes a tuple of batches and
-        returns stacked logs (see :meth:`many`)."""
+        returns stacked logs (see :meth:`many`); ``fused="last"``: the loop's, which returns
+        ``((stacked logs, the last row's), state)``."""
         key = (strategy, fused, statics)
         compiled = self._compiled.get(key)
         if compiled is None:
@@ -150,7 +151,9 @@ class ManagedStep:
                 strategy=strategy,
                 statics=statics,
             )
-            compiled = self._compiled[key] = strategy.compile(fuse(body) if fused else body)
+            if fused:
+                body = _with_last_row(fuse(body)) if fused == "last" else fuse(body)
+            compiled = self._compiled[key] = strategy.compile(body)
         return compiled
 
     def __call__(
@@ -286,28 +289,31 @@ class ManagedStep:
 
     def __loop_callback_many__(
         self, loop_state: LoopState, batches: Sequence[Any]
-    ) -> tuple[Logs, Any]:
+    ) -> tuple[Logs, Any, Logs]:
         auto = self._auto.get(getattr(loop_state.state, "strategy", None))  # type: ignore[arg-type]
-        if auto is None:
-            return self.many(loop_state.state, batches)
-        return auto.timed(self._many_in_parts, loop_state.state, batches)  # type: ignore[no-any-return]
+        if auto is None:  # a fixed K: one call
+            return self._many_in_parts(loop_state.state, batches, [len(batches)])
+        parts = power_of_2_parts(len(batches))
+        return auto.timed(self._many_in_parts, loop_state.state, batches, parts)  # type: ignore[no-any-return]
 
-    def _many_in_parts(self, state: Any, batches: Sequence[Any]) -> tuple[Logs, Any]:
-        """:meth:`many` for a loop's group (whose batches have one shape), as calls of
-        powers of 2 (a group a schedule cut short) whose logs are joined: so auto-fusion
-        compiles a fused call for few sizes."""
+    def _many_in_parts(
+        self, state: Any, batches: Sequence[Any], parts: list[int]
+    ) -> tuple[Logs, Any, Logs]:
+        """:meth:`many` for a loop's group (the group checked its batches' shapes), as
+        calls of ``parts`` batches (auto-fusion's: powers of 2, so few sizes compile) whose
+        logs are joined; with the last row's logs (taken in the last call)."""
         strategy = self._strategy_of(state)
-        run = self.compiled_for(strategy, fused=True, statics=self.statics)
+        run = self.compiled_for(strategy, fused="last", statics=self.statics)
         place, broadcasts = strategy.place_batch, strategy.place_broadcasts(self.broadcasts)
         stacked, start = [], 0
-        for size in power_of_2_parts(len(batches)):
+        for size in parts:
             part = batches[start : start + size]
-            logs, state = run(
+            (logs, last), state = run(
                 state, tuple(part) if place is identity else tuple(map(place, part)), broadcasts
             )
             stacked.append(logs)
             start += size
-        return (stacked[0] if len(stacked) == 1 else _join_rows(stacked)), state
+        return (stacked[0] if len(stacked) == 1 else _join_rows(stacked)), state, last
 
     def __set_name__(self, owner: type, name: str) -> None:
         if self._defined_in is None:
@@ -394,11 +400,22 @@ class _BoundStep:
 
     def __loop_callback_many__(
         self, loop_state: LoopState, batches: Sequence[Any]
-    ) -> tuple[Logs, Any]:
+    ) -> tuple[Logs, Any, Logs]:
         return self.step.__loop_callback_many__(loop_state, batches)
 
     def __loop_lower__(self, loop_state: LoopState) -> Any:
         return self.step.lower(loop_state.state, loop_state.batch)
+
+
+def _with_last_row(fused: StepFunction) -> StepFunction:
+    """``fused`` returning ``((stacked logs, last row's), state)`` (a pair first: a
+    strategy's output shardings for ``(logs, state)`` still apply)."""
+
+    def run(state: Any, batches: tuple[Any, ...], broadcasts: Any) -> Any:
+        logs, state = fused(state, batches, broadcasts)
+        return (logs, jax.tree.map(lambda x: x[-1], logs)), state
+
+    return run
 
 
 @jax.jit
