@@ -36,7 +36,8 @@ hook (its :class:`Protocol`; the probe)        what it is, and when the loop use
 ``__loop_steps_per_call__(loop_state) -> K``   A step that runs ``K`` consecutive batches in one
 and ``__loop_callback_many__(loop_state,       call (a managed step with ``steps_per_call=K``),
 batches)`` (:class:`FusableCallback`;          returning the logs stacked on a new first axis and
-:func:`is_fusable`, :func:`steps_per_call`)    the last state (the grouping: ``_fusion.py``).
+:func:`is_fusable`, :func:`steps_per_call`)    the last state, optionally the last row's logs as
+                                               a third item (the grouping: ``_fusion.py``).
 ``__loop_lower__(loop_state)``                 A step that compiles its own call gives it on the
 (:func:`lowered`)                              loop's state and batch, lowered, not run (what
                                                ``throughput`` reads a step's FLOPs from).

@@ -138,21 +138,21 @@ def loop(
     (``error`` is that exception, raised again afterwards). Callbacks may queue work for the
     end of the current step with ``loop_state.at_step_end(fn)``.
 
-    Fused steps: a callback that implements ``__loop_steps_per_call__(loop_state) -> K``
-    and ``__loop_callback_many__(loop_state, batches) -> (stacked logs, state)`` (a managed
-    step under a strategy with ``steps_per_call=K``) runs up to K consecutive batches in one
-    call. Every schedule is still asked once per batch, in order, when the batch is drawn,
-    and a group is cut so that each callback runs on exactly the steps, the state and the
-    logs it would see with K=1: a group holds consecutive steps where the fused callback
-    fires, ends after a step where a callback placed *after* it fires too (that callback
-    then runs on the group's final state and that step's logs), and starts anew at a step
-    where one placed *before* it fires (it runs first, on the state before the group).
-    Batches of another shape (a smaller last batch) also start a new group; a group of one
-    is a plain step. So a callback that fires on every step (put in the same task as the
-    fused step) leaves nothing to fuse: give it its own, sparser schedule. The exception
-    are *observers*, callback objects whose class sets ``__loop_observer__ = True``
-    (progress bars, loggers): they only read the loop and return nothing, so when they fire
-    inside a group they run once, after it, on its last step, and do not cut it.
+    Fused steps: a callback that implements ``__loop_steps_per_call__(loop_state) -> K`` and
+    ``__loop_callback_many__(loop_state, batches) -> (stacked logs, state[, last row])`` (a
+    managed step under a strategy with ``steps_per_call=K``) runs up to K consecutive batches in
+    one call. Every schedule is still asked once per batch, in order, when the batch is drawn,
+    and a group is cut so that each callback runs on exactly the steps, the state and the logs
+    it would see with K=1: a group holds consecutive steps where the fused callback fires, ends
+    after a step where a callback placed *after* it fires too (that callback then runs on the
+    group's final state and that step's logs), and starts anew at a step where one placed
+    *before* it fires (it runs first, on the state before the group). Batches of another shape
+    (a smaller last batch) also start a new group; a group of one is a plain step. So a callback
+    that fires on every step (put in the same task as the fused step) leaves nothing to fuse:
+    give it its own, sparser schedule. The exception are *observers*, callback objects whose
+    class sets ``__loop_observer__ = True`` (progress bars, loggers): they only read the loop
+    and return nothing, so when they fire inside a group they run once, after it, on its last
+    step, and do not cut it.
 
     Returns:
         ``(state, history, elapsed)``, ``elapsed`` counting every batch consumed.
