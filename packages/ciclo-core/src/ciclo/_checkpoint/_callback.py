@@ -56,6 +56,10 @@ def _prepare_directory(path: str) -> None:
         ) from error
 
 
+_NOT_FINITE = (
+    "ciclo.checkpoint: the state of step {step} holds NaN or inf; written, but resume and "
+    "rollback_on_nan pass over it."
+)
 _NO_MONITORED_ENTRY = (
     "ciclo.checkpoint(monitor={monitor!r}): no log entry {monitor!r} by step {step} "
     "({missing}). Logged entries: {logged}. Monitor an entry your callbacks log, and "
@@ -360,8 +364,17 @@ class Checkpoint(LoopCallbackBase):
                 self._last_step = step
                 return False
         snapshot = _format.snapshot(loop_state, host_copy=self._one_process)
+        finite = _format.all_finite(snapshot.items.get("state"))
+        if not finite and writes_here(OUTPUT_PROCESS):  # said now, not at the next start
+            warnings.warn(_NOT_FINITE.format(step=step), RuntimeWarning, stacklevel=2)
         write = functools.partial(
-            _format.write, manager, snapshot, value=value, monitor=self.monitor, mode=self.mode
+            _format.write,
+            manager,
+            snapshot,
+            value=value,
+            monitor=self.monitor,
+            mode=self.mode,
+            finite=finite,
         )
         if self._in_thread:
             self._writer.start(write)

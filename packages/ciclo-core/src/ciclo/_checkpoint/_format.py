@@ -79,7 +79,7 @@ import os
 import re
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -158,6 +158,22 @@ class _NewestFinite:
     def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> list[bool]:
         finite = [i for i, info in enumerate(checkpoints) if _finite_metrics(info.metrics)]
         return [bool(finite) and i == finite[-1] for i in range(len(checkpoints))]
+
+
+#: By checkpoint directory, what must not be evicted yet: ``held(steps) -> [bool]`` for the
+#: steps on disk (``rollback_on_nan`` holds the pre-fault checkpoints it may still need).
+HELD: dict[str, Callable[[list[int]], list[bool]]] = {}
+
+
+class _Held:
+    """An orbax preservation policy: keeps what :data:`HELD` holds for ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> list[bool]:
+        held = HELD.get(self.path)
+        return [False] * len(checkpoints) if held is None else held([c.step for c in checkpoints])
 
 
 class _BestMonitored:
@@ -280,7 +296,7 @@ def open_writer(
         value = float(metrics.get("value", math.nan)) if isinstance(metrics, Mapping) else math.nan
         return worst if math.isnan(value) or not _finite_metrics(metrics) else value
 
-    kept: list[Any] = [_NewestFinite()]
+    kept: list[Any] = [_NewestFinite(), _Held(path)]
     if monitor is None:
         kept.append(policies.LatestN(n=keep))
     else:
@@ -876,6 +892,7 @@ def write(
     value: float | None = None,
     monitor: str | None = None,
     mode: str = "min",
+    finite: bool | None = None,
 ) -> bool:
     """Writes ``snapshot`` as checkpoint ``snapshot.step`` with ``manager`` (from
     :func:`open_writer`); with ``value``, the monitored value that ranks it. With an async
@@ -890,7 +907,7 @@ def write(
     import orbax.checkpoint as ocp
 
     items = snapshot.items
-    finite = all_finite(items.get("state"))
+    finite = all_finite(items.get("state")) if finite is None else finite
     args = {
         name: ocp.args.JsonSave(item) if name == "meta" else ocp.args.StandardSave(item)
         for name, item in items.items()

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
+import jax
+
 from .._time._elapsed import Period, as_period
 from .._time._periods import period_unit
 
@@ -93,8 +95,18 @@ def _duration(value: Any, name: str) -> Period | None:
     """``test_duration`` of one set as a period (checked like ``test_every``)."""
     if value is None:
         return None
-    period_unit(value, f"test_duration for {name!r}")  # a positive amount in one unit
+    unit, _ = period_unit(value, f"test_duration for {name!r}")  # a positive amount
+    if unit in ("time", "date") and jax.process_count() > 1:
+        # each process would cut it at its own batch: the extra collectives hang the job
+        raise ValueError(_TIMED_ON_PROCESSES.format(value=value, name=name))
     return as_period(value, f"test_duration for {name!r}")
+
+
+_TIMED_ON_PROCESSES = (
+    "test_duration={value!r} for {name!r}: with several processes every one must evaluate "
+    "the same batches, and a time bound ends at a different one on each; give a count, "
+    "test_duration=ciclo.at(steps=...)."
+)
 
 
 #: A Keras-style ``validation_data=(x_val, y_val)`` given as ``test_dataset``.
