@@ -47,11 +47,9 @@ def run(directory: str, look_seconds: float = 0.1) -> dict[str, Any]:
     }
     data = list(zip(xs, ys.astype(np.float32), strict=True))
     w, history, elapsed = ciclo.loop(jnp.zeros(3), data, tasks, stop=STEPS)
-    return {
-        "w": np.asarray(w).tolist(),
-        "steps": elapsed.steps,
-        "fault_steps": history.collect("fault_step") if "metrics.fault_step" in history.keys() else [],
-    }
+    logged = history.keys()
+    faults = history.collect("fault_step") if "metrics.fault_step" in logged else []
+    return {"w": np.asarray(w).tolist(), "steps": elapsed.steps, "fault_steps": faults}
 
 
 if __name__ == "__main__":

@@ -95,16 +95,16 @@ def _duration(value: Any, name: str) -> Period | None:
     """``test_duration`` of one set as a period (checked like ``test_every``)."""
     if value is None:
         return None
-    unit, _ = period_unit(value, f"test_duration for {name!r}")  # a positive amount
+    unit, amount = period_unit(value, f"test_duration for {name!r}")  # a positive amount
     if unit in ("time", "date") and jax.process_count() > 1:
         # each process would cut it at its own batch: the extra collectives hang the job
-        raise ValueError(_TIMED_ON_PROCESSES.format(value=value, name=name))
+        raise ValueError(_TIMED_ON_PROCESSES.format(unit=unit, amount=amount, name=name))
     return as_period(value, f"test_duration for {name!r}")
 
 
 _TIMED_ON_PROCESSES = (
-    "test_duration={value!r} for {name!r}: with several processes every one must evaluate "
-    "the same batches, and a time bound ends at a different one on each; give a count, "
+    "test_duration=ciclo.at({unit}={amount:g}) (set {name!r}): with several processes each "
+    "would end the evaluation at its own batch, and the job would hang; give a batch count, "
     "test_duration=ciclo.at(steps=...)."
 )
 

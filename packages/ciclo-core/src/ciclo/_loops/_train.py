@@ -37,7 +37,7 @@ __all__ = ["train_loop"]
 #: since the one before, is warned about (an endless test_dataset never returns).
 EVALUATION_WARN_SECONDS, EVALUATION_WARN_FACTOR = 60.0, 10.0
 _OVERDUE = (
-    "train_loop: evaluating {where} after step {step} takes over {factor:g} times the {s:.3g} "
+    "train_loop: evaluating {where} at step {step} takes over {factor:g} times the {s:.3g} "
     "s of training before it; is the set endless? Bound it with test_duration=, or end it "
     "with ciclo.watchdog(evaluation_timeout=...)."
 )

@@ -448,8 +448,12 @@ class TerminateOnNaN(LoopCallbackBase):
         if jax.process_count() > 1:
             seen = next((s for s in gather_to_all("terminate_on_nan", seen) if s), None)
         if seen is not None and writes_here(OUTPUT_PROCESS):
-            text = f"terminate_on_nan: {seen}; training stopped at step {loop_state.elapsed.steps}."
-            _say(text, self.file, self.verbose)
+            last = loop_state.elapsed.steps - 1
+            _say(
+                f"terminate_on_nan: {seen}; training stopped after step {last}.",
+                self.file,
+                self.verbose,
+            )
 
 
 terminate_on_nan = TerminateOnNaN
