@@ -52,26 +52,20 @@ MEDIAN_MIN_VALUES = 10
 LOOK_SECONDS = 0.1
 
 MSG_NO_CHECKPOINT = (
-    "rollback_on_nan: no ciclo.checkpoint of this loop writes {directory!r}, so there is "
-    "nothing to roll back to. Put the checkpoint in the loop's tasks (e.g. "
-    "{{ciclo.every(100): ckpt, ciclo.every(1): [train_step, rollback]}}), or give "
-    "rollback_on_nan the checkpoint the loop writes."
+    "rollback_on_nan: no ciclo.checkpoint of this loop writes {directory!r}; put the "
+    "checkpoint it rolls back to in the loop's tasks."
 )
 MSG_ONE_SHOT = (
-    "rollback_on_nan: the dataset is a one-shot iterator ({kind}), which cannot go back "
-    "to a checkpoint's batch. Give a sequence of batches (a list, an array), a dataset "
-    "that yields the same batches each time it is iterated, or a stateful one "
-    "(ciclo.stateful_dataset, a loader with state_dict()/load_state_dict())."
+    "rollback_on_nan: the dataset is a one-shot iterator ({kind}), which cannot go back; "
+    "give a list, a re-iterable or a stateful dataset (ciclo.stateful_dataset)."
 )
 MSG_MONITOR_MISSING = (
-    "rollback_on_nan: monitor {monitor!r} is not in the logs of step {step}; entries: "
-    "{entries}. Monitor a scalar the step logs (e.g. 'loss' or 'losses.loss'), and place "
-    "rollback_on_nan after the step that logs it."
+    "rollback_on_nan: monitor {monitor!r} is not in the logs of step {step}; monitor one "
+    "of {entries}, after the step that logs it."
 )
 MSG_NOTHING_BEFORE = (
     "rollback_on_nan: {fault} at step {step}, and no finite checkpoint in {directory!r} "
-    "was written before it (at a step <= {step}); training stopped. Save checkpoints more "
-    "often, or keep more of them (checkpoint(keep=...))."
+    "is from before it; training stopped. Save checkpoints more often."
 )
 MSG_TOO_MANY = (
     "rollback_on_nan: {fault} at step {step}, after {count} rollbacks "
@@ -155,31 +149,23 @@ class RollbackOnNaN(LoopCallbackBase):
         self._probe = StateProbe("rollback_on_nan", state_every)
         if not isinstance(checkpoint, Checkpoint | str | os.PathLike):
             raise TypeError(
-                f"rollback_on_nan(checkpoint={checkpoint!r}): give the ciclo.checkpoint the "
-                f"loop writes (or its directory)."
+                f"rollback_on_nan(checkpoint={checkpoint!r}): give the ciclo.checkpoint."
             )
         if not isinstance(monitor, str) or not monitor:
-            raise TypeError(
-                f"rollback_on_nan(monitor={monitor!r}): monitor must be the name of a log "
-                f"entry, e.g. 'loss' or 'losses.loss'."
-            )
+            raise TypeError(f"rollback_on_nan(monitor={monitor!r}): monitor must be a log entry.")
         if spike is not None and (
             isinstance(spike, bool)
             or not isinstance(spike, int | float)
             or not (1 < spike < math.inf)  # NaN too
         ):
-            raise ValueError(
-                f"rollback_on_nan(spike={spike!r}): spike must be a number > 1 (roll back "
-                f"when the value exceeds spike times its running median) or None."
-            )
+            raise ValueError(f"rollback_on_nan(spike={spike!r}): spike must be a number > 1.")
         if (
             isinstance(max_rollbacks, bool)
             or not isinstance(max_rollbacks, int)
             or max_rollbacks < 0
         ):
             raise ValueError(
-                f"rollback_on_nan(max_rollbacks={max_rollbacks!r}): expected an int >= 0 "
-                f"(0 stops at the first fault, as terminate_on_nan)."
+                f"rollback_on_nan(max_rollbacks={max_rollbacks!r}): expected an int >= 0."
             )
         self.directory = _format.checkpoint_path(checkpoint)
         self.monitor, self.spike, self.max_rollbacks = monitor, spike, max_rollbacks

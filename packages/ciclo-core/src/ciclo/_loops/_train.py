@@ -38,13 +38,12 @@ __all__ = ["train_loop"]
 EVALUATION_WARN_SECONDS, EVALUATION_WARN_FACTOR = 60.0, 10.0
 _OVERDUE = (
     "train_loop: evaluating {where} at step {step} takes over {factor:g} times the {s:.3g} "
-    "s of training before it; is the set endless? Bound it with test_duration=, or end it "
-    "with ciclo.watchdog(evaluation_timeout=...)."
+    "s of training before it; is it endless? Give test_duration=, or end it with "
+    "ciclo.watchdog(evaluation_timeout=...)."
 )
 _EPOCHS_AND_EPOCH_DURATION = (
-    "train_loop(epochs={epochs!r}, epoch_duration={epoch_duration!r}): give one. epochs makes "
-    "each epoch one pass over train_dataset; epoch_duration cuts one pass over it into epochs "
-    "of that length."
+    "train_loop(epochs={epochs!r}, epoch_duration={epoch_duration!r}): give one (epochs: "
+    "passes over train_dataset; epoch_duration: an epoch's length)."
 )
 
 
@@ -205,10 +204,7 @@ def train_loop(
                 _EPOCHS_AND_EPOCH_DURATION.format(epochs=epochs, epoch_duration=epoch_duration)
             )
         if stop is not None:
-            raise ValueError(
-                f"train_loop(epochs={epochs!r}, stop={stop!r}): give one. epochs ends the "
-                f"run after that many passes over train_dataset; stop ends it at a count."
-            )
+            raise ValueError(f"train_loop(epochs={epochs!r}, stop={stop!r}): give one.")
         train_dataset, length = epochs_dataset(train_dataset, epochs)
         if length is not None:
             epoch_duration = length
@@ -335,10 +331,7 @@ def train_loop(
         on_end += named["on_epoch_end"]
     on_end += named["on_train_end"]
     if is_empty(train_dataset):  # after the other arguments' checks
-        raise ValueError(
-            "train_loop(train_dataset=...) is empty (it has no batch), so there is nothing to "
-            "train on. Give a dataset with batches (a list, a generator, a DataLoader...)."
-        )
+        raise ValueError("train_loop(train_dataset=...) is empty: give a dataset of batches.")
     history = History() if history is None else history
     if sets:
         history.hint_missing(_why_not_evaluated(sets, runs, epoch, stop))
