@@ -30,8 +30,6 @@ import spike_training
 HERE = Path(__file__).parent
 TIMEOUT = 150  # seconds, for a subprocess or a 2-process job
 NAN_AT, STEPS = 13, 30
-# The checkpoints written between the NaN and its rollback say that they hold it.
-pytestmark = pytest.mark.filterwarnings("ignore:ciclo.checkpoint. the state of step")
 
 
 # --- two models whose loss stays finite while a NaN reaches the parameters ----------------

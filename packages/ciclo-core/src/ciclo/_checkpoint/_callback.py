@@ -365,7 +365,8 @@ class Checkpoint(LoopCallbackBase):
                 return False
         snapshot = _format.snapshot(loop_state, host_copy=self._one_process)
         finite = _format.all_finite(snapshot.items.get("state"))
-        if not finite and writes_here(OUTPUT_PROCESS):  # said now, not at the next start
+        # Said now, not at the next start (a rollback_on_nan of this directory reports it).
+        if not finite and self.directory not in _format.HELD and writes_here(OUTPUT_PROCESS):
             warnings.warn(_NOT_FINITE.format(step=step), RuntimeWarning, stacklevel=2)
         write = functools.partial(
             _format.write,

@@ -224,12 +224,14 @@ class RollbackOnNaN(LoopCallbackBase):
         self._window.clear()
         self._probe.reset()
         self._scanned_step = elapsed.steps
-        if jax.process_count() == 1:  # several: each process's orbax would evict apart
-            _format.HELD[self.directory] = self._held
+        _format.HELD[self.directory] = self._held
 
     def _held(self, steps: list[int]) -> list[bool]:
         """Which of the checkpoints ``steps`` ``keep`` must not evict yet: each one before
-        whose next checkpoint a value is not scanned yet (a fault there needs it)."""
+        whose next checkpoint a value is not scanned yet (a fault there needs it). With
+        several processes none (each process's orbax would evict apart)."""
+        if jax.process_count() > 1:
+            return [False] * len(steps)
         return [b > self._scanned_step for b in steps[1:]] + [False]
 
     def __loop_end__(self, loop_state: LoopState, error: BaseException | None) -> None:
