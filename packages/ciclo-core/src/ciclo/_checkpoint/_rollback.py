@@ -404,6 +404,11 @@ rollback_on_nan = RollbackOnNaN
 """Another name of :class:`RollbackOnNaN` (the same class)."""
 
 
+@jax.jit
+def _finite(leaves: list[jax.Array]) -> jax.Array:
+    return jnp.stack([jnp.isfinite(leaf).all() for leaf in leaves]).all()
+
+
 class StateProbe:
     """The NaN guards' check of the state itself, for steps that log no ``params_finite``:
     every ``every`` steps (the same steps on every process) a compiled reduction says
@@ -433,7 +438,7 @@ class StateProbe:
                 if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jnp.inexact)
             ]
             if leaves:
-                self._pending.append((step, _format._device_finite(leaves)))
+                self._pending.append((step, _finite(leaves)))
         while self._pending and (wait or self._pending[0][1].is_ready()):  # type: ignore[attr-defined]
             step, finite = self._pending.popleft()
             if not finite:
