@@ -195,7 +195,7 @@ def ckpt(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"monitor": ""}, TypeError, r"monitor=''\): monitor must be a log entry"),
+        ({"monitor": ""}, TypeError, r"monitor=''\): monitor must be the name of a log entry"),
         ({"spike": 1.0}, ValueError, r"spike=1.0\): spike must be a number > 1"),
         ({"spike": float("nan")}, ValueError, r"spike=nan\): spike must be a number > 1"),
         ({"spike": True}, ValueError, r"spike=True\): spike must be a number > 1"),
