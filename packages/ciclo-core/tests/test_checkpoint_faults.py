@@ -134,7 +134,8 @@ def _nan_run(directory: Path, keep: int = 1) -> tuple[Any, ciclo.History, ciclo.
 
     ckpt = ciclo.checkpoint(directory, keep=keep)
     tasks = {ciclo.every(1): [step, ciclo.terminate_on_nan()], ciclo.every(2): ckpt}
-    return ciclo.loop({"w": jnp.zeros(2)}, list(range(10)), tasks)
+    with pytest.warns(RuntimeWarning, match=r"the state of step \d+ holds NaN or inf; written"):
+        return ciclo.loop({"w": jnp.zeros(2)}, list(range(10)), tasks)
 
 
 def test_a_nan_stop_with_keep_1_keeps_the_finite_checkpoint_and_restore_returns_it(

@@ -201,7 +201,8 @@ def test_terminate_on_nan_stops_the_loop():
     assert int(state) == 4
     assert (
         out.getvalue()
-        == "terminate_on_nan: losses.loss is NaN or infinite at step 3; training stopped.\n"
+        == "terminate_on_nan: NaN or inf in losses.loss at step 3; training stopped after "
+        "step 3.\n"
     )
 
 

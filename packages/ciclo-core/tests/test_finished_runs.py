@@ -174,7 +174,8 @@ def test_a_run_ended_by_the_nan_guard_stays_finished(tmp_path, capsys):
     ckpt = ciclo.checkpoint(tmp_path, async_save=False)
     guard = ciclo.terminate_on_nan(interval=0, verbose=False)
     tasks = {ciclo.every(1): [diverging, guard], ciclo.every(100): ckpt}
-    state, _, elapsed = ciclo.loop(STATE, BATCHES * 2, tasks, resume=ckpt)
+    with pytest.warns(RuntimeWarning, match="the state of step 3 holds NaN or inf"):
+        state, _, elapsed = ciclo.loop(STATE, BATCHES * 2, tasks, resume=ckpt)
     assert elapsed.steps == 3
     assert ending(tmp_path)["reason"] == "nan"
     before = on_disk(tmp_path)

@@ -24,7 +24,7 @@ CALLBACKS = {
         "monitor patience min_delta mode baseline restore_best_weights start_from "
         "min_delta_mode verbose file",
     ),
-    "terminate_on_nan": ("TerminateOnNaN", "keys interval verbose file"),
+    "terminate_on_nan": ("TerminateOnNaN", "keys interval state_every verbose file"),
     "csv_logger": ("CSVLogger", "path separator append process running_mean"),
     "tensorboard_logger": ("TensorBoardLogger", "logdir interval process writer_kwargs"),
     "learning_rate_monitor": ("LearningRateMonitor", "schedule steps name"),

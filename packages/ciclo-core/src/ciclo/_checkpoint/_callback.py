@@ -19,7 +19,7 @@ from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records import _host
 from .._time._phases import CHECKPOINT, marked
 from .._time._schedules import Schedule, every
-from . import _format, _integrity, _items, _lock, _writer
+from . import _codec, _format, _integrity, _items, _lock, _writer
 from ._compilation_cache import release_compilation_cache, use_compilation_cache
 
 __all__ = ["Checkpoint", "checkpoint", "check_monitor"]
@@ -60,6 +60,10 @@ def check_monitor(owner: str, monitor: Any) -> None:
         )
 
 
+_NOT_FINITE = (
+    "ciclo.checkpoint: the state of step {step} holds NaN or inf; written, but resume and "
+    "rollback_on_nan pass over it."
+)
 _NO_MONITORED_ENTRY = (
     "ciclo.checkpoint(monitor={monitor!r}): no log entry {monitor!r} by step {step} "
     "({missing}). Logged entries: {logged}. Monitor an entry your callbacks log, and "
@@ -355,10 +359,20 @@ class Checkpoint(LoopCallbackBase):
                 self._last_step = step
                 return False
         snapshot = _format.snapshot(loop_state, host_copy=self._one_process)
+        finite = _codec.all_finite(snapshot.items.get("state"))
+        # Said now, not at the next start (a rollback_on_nan of this directory reports it).
+        if not finite and not _format.is_held(self.directory) and writes_here(OUTPUT_PROCESS):
+            warnings.warn(_NOT_FINITE.format(step=step), RuntimeWarning, stacklevel=2)
         assert self._writer is not None
         try:
             write = functools.partial(
-                _format.write, manager, snapshot, value=value, monitor=self.monitor, mode=self.mode
+                _format.write,
+                manager,
+                snapshot,
+                value=value,
+                monitor=self.monitor,
+                mode=self.mode,
+                finite=finite,
             )
             self._writer.start(write, small=snapshot.nbytes < _writer.SMALL_WRITE)
         except _format.WriteFailed as error:

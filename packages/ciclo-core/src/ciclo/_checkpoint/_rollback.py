@@ -16,43 +16,41 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .._loop._base import LoopCallbackBase
 from .._loop._state import LoopState, StopKind
 from .._processes._agreement import gather_to_all
 from .._processes._outputs import OUTPUT_PROCESS, writes_here
-from .._records._logs import Logs
+from .._records._logs import PARAMS_FINITE, Logs
 from . import _format, _integrity, _topology
 from ._callback import Checkpoint, check_monitor
 from ._resume import put_back, skip_consumed
 
-__all__ = ["RollbackOnNaN", "rollback_on_nan"]
+__all__ = ["RollbackOnNaN", "StateProbe", "rollback_on_nan"]
 
-#: How many of the latest finite values the running median of ``spike=`` is taken over,
-#: and how many it needs before a value can be a spike.
-MEDIAN_WINDOW = 100
+#: How many of the latest finite values the running median of ``spike=`` is taken over
+#: (few, so that it forgets the warm-up's high losses), and how many it needs before a value
+#: can be a spike.
+MEDIAN_WINDOW = 20
 MEDIAN_MIN_VALUES = 10
 #: The seconds between two looks at what the history fetched (it fetches every 0.5 s by
 #: default): a step in between pays one clock read.
 LOOK_SECONDS = 0.1
 
 MSG_NO_CHECKPOINT = (
-    "rollback_on_nan: no ciclo.checkpoint of this loop writes {directory!r}, so there is "
-    "nothing to roll back to. Put the checkpoint in the loop's tasks (e.g. "
-    "{{ciclo.every(100): ckpt, ciclo.every(1): [train_step, rollback]}}), or give "
-    "rollback_on_nan the checkpoint the loop writes."
+    "rollback_on_nan: no ciclo.checkpoint of this loop writes {directory!r}; put the "
+    "checkpoint it rolls back to in the loop's tasks."
 )
 MSG_ONE_SHOT = (
-    "rollback_on_nan: the dataset is a one-shot iterator ({kind}), which cannot go back "
-    "to a checkpoint's batch. Give a sequence of batches (a list, an array), a dataset "
-    "that yields the same batches each time it is iterated, or a stateful one "
-    "(ciclo.stateful_dataset, a loader with state_dict()/load_state_dict())."
+    "rollback_on_nan: the dataset is a one-shot iterator ({kind}), which cannot go back; "
+    "give a list, a re-iterable or a stateful dataset (ciclo.stateful_dataset)."
 )
 MSG_NOTHING_BEFORE = (
     "rollback_on_nan: {fault} at step {step}, and no finite checkpoint in {directory!r} "
-    "was written before it (at a step <= {step}); training stopped. Save checkpoints more "
-    "often, or keep more of them (checkpoint(keep=...))."
+    "is from before it; training stopped. Save checkpoints more often."
 )
 MSG_TOO_MANY = (
     "rollback_on_nan: {fault} at step {step}, after {count} rollbacks "
@@ -81,7 +79,12 @@ class RollbackOnNaN(LoopCallbackBase):
 
     It checks without a device sync of its own: it reads the values the history has
     fetched (every ``fetch_interval``, 0.5 s by default; it looks every 0.1 s, and at the
-    loop's end), so a fault is noticed a few steps late; the checkpoint it goes back to
+    loop's end), so a fault is noticed a few steps late: a checkpoint that a fault among the
+    values not read yet may need is not evicted by ``keep`` until they are read (one
+    process). Besides ``monitor`` it reads ``params_finite``, which a managed train step
+    logs, so a NaN that reaches the parameters but not the loss (NaN inputs through a
+    ReLU) rolls back too; for a plain step, ``state_every=N`` checks the state itself every
+    N steps (a compiled reduction, read once ready). The checkpoint it goes back to
     was written at or before the faulty step, so the faulty update is never kept. After
     ``max_rollbacks`` rollbacks the next fault stops training, as
     :class:`ciclo.terminate_on_nan` does. With several processes, the stop and the
@@ -93,8 +96,12 @@ class RollbackOnNaN(LoopCallbackBase):
             be in the loop's tasks.
         monitor: the log entry to watch (``"loss"``, ``"losses.loss"``).
         spike: also roll back when the value is more than ``spike`` times the median of
-            its last 100 finite values (once 10 were seen; values above a median <= 0
-            are not spikes); ``None``: only non-finite values.
+            its last 20 finite values (once 10 were seen; values above a median <= 0
+            are not spikes); ``None``: only non-finite values. Choose it above the
+            largest such ratio of a healthy run (``max(loss[i] / median(loss[i-20:i]))``
+            of its history; 3 to 10 for most losses).
+        state_every: for a step that logs no ``params_finite`` (not a managed train
+            step), check the state for NaN or inf every that many steps.
         max_rollbacks: how many rollbacks a run may make; the fault after them stops it.
         verbose: print each rollback and the stop.
         file: where to print (stdout by default).
@@ -120,13 +127,14 @@ class RollbackOnNaN(LoopCallbackBase):
         monitor: str = "loss",
         spike: float | None = None,
         max_rollbacks: int = 3,
+        state_every: int | None = None,
         verbose: bool = True,
         file: IO[str] | None = None,
     ) -> None:
+        self._probe = StateProbe("rollback_on_nan", state_every)
         if not isinstance(checkpoint, Checkpoint | str | os.PathLike):
             raise TypeError(
-                f"rollback_on_nan(checkpoint={checkpoint!r}): give the ciclo.checkpoint the "
-                f"loop writes (or its directory)."
+                f"rollback_on_nan(checkpoint={checkpoint!r}): give the ciclo.checkpoint."
             )
         check_monitor("rollback_on_nan", monitor)
         if spike is not None and (
@@ -134,18 +142,14 @@ class RollbackOnNaN(LoopCallbackBase):
             or not isinstance(spike, int | float)
             or not (1 < spike < math.inf)  # NaN too
         ):
-            raise ValueError(
-                f"rollback_on_nan(spike={spike!r}): spike must be a number > 1 (roll back "
-                f"when the value exceeds spike times its running median) or None."
-            )
+            raise ValueError(f"rollback_on_nan(spike={spike!r}): spike must be a number > 1.")
         if (
             isinstance(max_rollbacks, bool)
             or not isinstance(max_rollbacks, int)
             or max_rollbacks < 0
         ):
             raise ValueError(
-                f"rollback_on_nan(max_rollbacks={max_rollbacks!r}): expected an int >= 0 "
-                f"(0 stops at the first fault, as terminate_on_nan)."
+                f"rollback_on_nan(max_rollbacks={max_rollbacks!r}): expected an int >= 0."
             )
         self.directory = _format.checkpoint_path(checkpoint)
         self.monitor, self.spike, self.max_rollbacks = monitor, spike, max_rollbacks
@@ -156,6 +160,7 @@ class RollbackOnNaN(LoopCallbackBase):
         self._window: deque[float] = deque(maxlen=MEDIAN_WINDOW)
         self._fault: tuple[int, str] | None = None  # (step, what) of the first fault seen
         self._next_look = 0.0  # when to look at the history again (time.monotonic)
+        self._scanned_step = 0  # the first step whose monitored value is not scanned yet
 
     def __repr__(self) -> str:
         return (
@@ -171,11 +176,14 @@ class RollbackOnNaN(LoopCallbackBase):
             self._key = self._key_in(loop_state.logs, loop_state)
             if self._key is None:
                 return
-        now = _time.monotonic()
-        if self._fault is not None or now < self._next_look:
+        probed = self._probe.fault(loop_state)  # at the same steps on every process
+        if self._fault is not None:
             return
-        self._next_look = now + LOOK_SECONDS
-        self._fault = self._scan(loop_state, fetch=False)
+        now = _time.monotonic()
+        if now >= self._next_look:
+            self._next_look = now + LOOK_SECONDS
+            self._fault = self._scan(loop_state, fetch=False)
+        self._fault = self._fault or probed
         if self._fault is not None:
             step, what = self._fault
             loop_state.request_stop(
@@ -200,6 +208,20 @@ class RollbackOnNaN(LoopCallbackBase):
             loop_state.initial_elapsed.steps, elapsed.steps
         )
         self._window.clear()
+        self._probe.reset()
+        self._scanned_step = elapsed.steps
+        _format.hold(self.directory, self._held)
+
+    def _held(self, steps: list[int]) -> list[bool]:
+        """Which of the checkpoints ``steps`` ``keep`` must not evict yet: each one before
+        whose next checkpoint a value is not scanned yet (a fault there needs it). With
+        several processes none (each process's orbax would evict apart)."""
+        if jax.process_count() > 1:
+            return [False] * len(steps)
+        return [b > self._scanned_step for b in steps[1:]] + [False]
+
+    def __loop_end__(self, loop_state: LoopState, error: BaseException | None) -> None:
+        _format.release(self.directory)
 
     def _checkpoint_in(self, loop_state: LoopState) -> Checkpoint:
         """The ``ciclo.checkpoint`` of the loop that writes :attr:`directory`."""
@@ -231,13 +253,15 @@ class RollbackOnNaN(LoopCallbackBase):
         """The first fault in the rows not scanned yet that the history holds on the host
         (all of them with ``fetch``): ``(step, what)``, or ``None``."""
         assert self._key is not None
-        start = self._scanned
-        steps, _, columns = loop_state.history.numeric_since(start, [self._key], fetch=fetch)
-        if self._key not in columns:
-            return None
-        rows, values = columns[self._key]
+        start, flag = self._scanned, ".".join(PARAMS_FINITE)
+        steps, _, columns = loop_state.history.numeric_since(start, [self._key, flag], fetch=fetch)
+        rows, values = columns.get(self._key, (np.zeros(0, int), np.zeros(0)))
+        flag_rows, flags = columns.get(flag, (np.zeros(0, int), np.zeros(0)))
+        bad = flag_rows[flags == 0]
         window = self._window
         for row, value in zip(rows.tolist(), values.tolist(), strict=True):
+            if bad.size and bad[0] <= row:
+                break
             self._scanned = row + 1
             what = None
             if not math.isfinite(value):
@@ -252,6 +276,10 @@ class RollbackOnNaN(LoopCallbackBase):
             if what is not None:
                 return int(steps[row - start]), what
             window.append(value)
+            self._scanned_step = int(steps[row - start]) + 1  # a fault is past this row
+        if bad.size:
+            self._scanned = int(bad[0]) + 1
+            return int(steps[bad[0] - start]), "the parameters are NaN or inf"
         return None
 
     # --- the rollback, once the engine has returned -----------------------------------------
@@ -264,8 +292,10 @@ class RollbackOnNaN(LoopCallbackBase):
             return None  # another callback's stop: the run ends as it asked
         if self._loop is not loop_state or self._key is None:
             return None  # it never ran in this loop, or the monitor was never logged
+        probed = self._probe.fault(loop_state, wait=True)
         if self._fault is None:  # not noticed yet (here): every value is fetched now
-            self._fault = self._scan(loop_state, fetch=True)
+            scanned = self._scan(loop_state, fetch=True), probed
+            self._fault = min((f for f in scanned if f is not None), default=None)
         faults = [f for f in gather_to_all("rollback_on_nan fault", self._fault) if f is not None]
         if not faults:
             return None
@@ -354,6 +384,49 @@ class RollbackOnNaN(LoopCallbackBase):
 
 rollback_on_nan = RollbackOnNaN
 """Another name of :class:`RollbackOnNaN` (the same class)."""
+
+
+@jax.jit
+def _finite(leaves: list[jax.Array]) -> jax.Array:
+    return jnp.stack([jnp.isfinite(leaf).all() for leaf in leaves]).all()
+
+
+class StateProbe:
+    """The NaN guards' check of the state itself, for steps that log no ``params_finite``:
+    every ``every`` steps (the same steps on every process) a compiled reduction says
+    whether the state's floating arrays are all finite; it is read once ready, never
+    waited for (but with ``wait``)."""
+
+    def __init__(self, owner: str, every: int | None) -> None:
+        if every is not None and (
+            isinstance(every, bool) or not isinstance(every, int) or every < 1
+        ):
+            raise ValueError(f"{owner}(state_every={every!r}): expected an int >= 1 or None.")
+        self.every, self._next = every, 0
+        self._pending: deque[tuple[int, jax.Array]] = deque()
+
+    def reset(self) -> None:
+        self._next = 0
+        self._pending.clear()
+
+    def fault(self, loop_state: LoopState, *, wait: bool = False) -> tuple[int, str] | None:
+        """``(step, what)`` for the first step found with a non-finite state, else ``None``."""
+        step = loop_state.elapsed.steps
+        if self.every is not None and step >= self._next:
+            self._next = step + self.every
+            leaves = [
+                leaf
+                for leaf in jax.tree.leaves(loop_state.state)
+                if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jnp.inexact)
+            ]
+            if leaves:
+                self._pending.append((step, _finite(leaves)))
+        while self._pending and (wait or self._pending[0][1].is_ready()):  # type: ignore[attr-defined]
+            step, finite = self._pending.popleft()
+            if not finite:
+                self._pending.clear()
+                return step, "the state is NaN or inf"
+        return None
 
 
 def _reposition(dataset: Any, data: Mapping[str, Any], position: int) -> Iterable[Any]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
+import jax
+
 from .._time._elapsed import Period, as_period
 from .._time._periods import period_unit
 
@@ -93,17 +95,24 @@ def _duration(value: Any, name: str) -> Period | None:
     """``test_duration`` of one set as a period (checked like ``test_every``)."""
     if value is None:
         return None
-    period_unit(value, f"test_duration for {name!r}")  # a positive amount in one unit
+    unit, amount = period_unit(value, f"test_duration for {name!r}")  # a positive amount
+    if unit in ("time", "date") and jax.process_count() > 1:
+        # each process would cut it at its own batch: the extra collectives hang the job
+        raise ValueError(_TIMED_ON_PROCESSES.format(unit=unit, amount=amount, name=name))
     return as_period(value, f"test_duration for {name!r}")
+
+
+_TIMED_ON_PROCESSES = (
+    "test_duration=ciclo.at({unit}={amount:g}) (set {name!r}): with several processes each "
+    "would stop at its own batch (a hang); give test_duration=ciclo.at(steps=...)."
+)
 
 
 #: A Keras-style ``validation_data=(x_val, y_val)`` given as ``test_dataset``.
 _ARRAYS_NOT_BATCHES = (
-    "{where} is a tuple of {count} arrays with the same leading dimension ({length}), as "
-    "Keras' validation_data=(x_val, y_val) is; ciclo iterates a dataset batch by batch, so "
-    "it would evaluate each array as one batch. Give a list of batches, e.g. "
-    "{where}=[(x_val[i : i + 64], y_val[i : i + 64]) for i in range(0, len(x_val), 64)], "
-    "or a function returning them."
+    "{where} is a tuple of {count} arrays of {length} rows, as Keras' validation_data is; "
+    "give batches: {where}=[(x_val[i : i + 64], y_val[i : i + 64]) for i in range(0, "
+    "len(x_val), 64)]."
 )
 
 
@@ -117,7 +126,7 @@ def check_not_arrays(value: Any, where: str) -> None:
         >>> check_not_arrays((np.ones((4, 2)), np.ones(4)), "test_dataset")
         Traceback (most recent call last):
         ...
-        TypeError: test_dataset is a tuple of 2 arrays with the same leading dimension (4), ...
+        TypeError: test_dataset is a tuple of 2 arrays of 4 rows, ...
     """
     if not isinstance(value, tuple) or len(value) < 2:
         return
@@ -219,10 +228,8 @@ def _same_function(a: Any, b: Any) -> bool:
 
 _LATE_BINDING = (
     "test_dataset[{first!r}] and test_dataset[{second!r}] are the same function of the same "
-    "values, so both would evaluate the same data: Python binds a lambda's variables when it "
-    "is called, not when it is made, so lambdas made in a loop all see the loop's last value. "
-    "Bind the value as a default: {{name: lambda name=name: make_batches(name) for name in "
-    "names}}, or use functools.partial(make_batches, name)."
+    "values (lambdas made in a loop see its last value); bind it as a default: "
+    "{{name: lambda name=name: make_batches(name) for name in names}}."
 )
 
 

@@ -153,11 +153,12 @@ def evaluate_dataset(
     callbacks: Sequence[Any] | None = None,
     aggregation: AggregationSpec | None = None,
     stop: int | Period | None = None,
+    after_batch: Callable[[], None] | None = None,
     **loop_kwargs: Any,
 ) -> tuple[Any, Logs, Elapsed]:
     """:func:`test_loop` (its other options pass on in ``loop_kwargs``), whose error for a
     dataset that yields no batch names the dataset as ``where`` (``"test_dataset['valid']"``
-    in ``train_loop``)."""
+    in ``train_loop``); ``after_batch`` is called after each batch."""
     check_no_hooks("test_loop", loop_kwargs)
     if is_empty(dataset) and stop != 0:  # the error below, without loop's warning first
         raise ValueError(_SAW_NO_BATCH.format(where=where))
@@ -174,6 +175,8 @@ def evaluate_dataset(
         aggregator.add(loop_state.logs, loop_state.batch_size_fn(loop_state.batch))
         in_flight.push_tree(loop_state.logs, loop_state.state)
         loop_state.logs = Logs()  # aggregated: the per-batch logs go no further
+        if after_batch is not None:
+            after_batch()
 
     with warnings.catch_warnings():  # stop is at most how much of the set to evaluate
         warnings.filterwarnings("ignore", f"{DATA_ENDED} .*", RuntimeWarning)

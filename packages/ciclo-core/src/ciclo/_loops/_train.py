@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import time as _time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -14,6 +16,7 @@ from .._loop._arguments import is_empty
 from .._loop._callback import LoopInterrupted, as_callback
 from .._loop._state import LoopState
 from .._loop._step import run_callbacks
+from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records._history import History
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period
@@ -30,10 +33,17 @@ from ._test import evaluate_dataset
 
 __all__ = ["train_loop"]
 
+#: An evaluation running longer than this many seconds, and this many times the training
+#: since the one before, is warned about (an endless test_dataset never returns).
+EVALUATION_WARN_SECONDS, EVALUATION_WARN_FACTOR = 60.0, 10.0
+_OVERDUE = (
+    "train_loop: evaluating {where} at step {step} takes over {factor:g} times the {s:.3g} "
+    "s of training before it; is it endless? Give test_duration=, or end it with "
+    "ciclo.watchdog(evaluation_timeout=...)."
+)
 _EPOCHS_AND_EPOCH_DURATION = (
-    "train_loop(epochs={epochs!r}, epoch_duration={epoch_duration!r}): give one. epochs makes "
-    "each epoch one pass over train_dataset; epoch_duration cuts one pass over it into epochs "
-    "of that length."
+    "train_loop(epochs={epochs!r}, epoch_duration={epoch_duration!r}): give one (epochs: "
+    "passes over train_dataset; epoch_duration: an epoch's length)."
 )
 
 
@@ -194,10 +204,7 @@ def train_loop(
                 _EPOCHS_AND_EPOCH_DURATION.format(epochs=epochs, epoch_duration=epoch_duration)
             )
         if stop is not None:
-            raise ValueError(
-                f"train_loop(epochs={epochs!r}, stop={stop!r}): give one. epochs ends the "
-                f"run after that many passes over train_dataset; stop ends it at a count."
-            )
+            raise ValueError(f"train_loop(epochs={epochs!r}, stop={stop!r}): give one.")
         train_dataset, length = epochs_dataset(train_dataset, epochs)
         if length is not None:
             epoch_duration = length
@@ -230,9 +237,31 @@ def train_loop(
     }
 
     runs = dict.fromkeys(sets, 0)  # evaluations run by this loop, per set
+    trained_since = [_time.monotonic()]  # when the training since the last evaluation began
 
     def start_counting(loop_state: LoopState) -> None:
         loop_state.evaluated = not sets
+        trained_since[0] = _time.monotonic()
+
+    def overdue_warning(name: str) -> Callable[[], None]:
+        """Warns once when this evaluation runs far longer than the training before it."""
+        start = _time.monotonic()
+        trained = start - trained_since[0]
+        limit = max(EVALUATION_WARN_SECONDS, EVALUATION_WARN_FACTOR * trained)
+        step = clock.loop_state.elapsed.steps
+
+        def check() -> None:
+            nonlocal limit
+            if _time.monotonic() - start > limit:
+                limit = float("inf")
+                if writes_here(OUTPUT_PROCESS):
+                    where = dataset_label(test_dataset, name)
+                    text = _OVERDUE.format(
+                        where=where, step=step, s=trained, factor=EVALUATION_WARN_FACTOR
+                    )
+                    warnings.warn(text, RuntimeWarning, stacklevel=1)
+
+        return check
 
     def evaluation(name: str, evaluation_set: EvaluationSet) -> Any:
         def run_test(state: Any) -> tuple[Any, Logs, Elapsed]:
@@ -246,12 +275,14 @@ def train_loop(
                     batch_size_fn=batch_size_fn,
                     metadata=metadata,
                     stop_signals=(),  # a Ctrl-C during evaluation stops the training loop
+                    after_batch=overdue_warning(name),
                 )
             except LoopInterrupted as cut:  # a resumed run evaluates again
                 clock.cut(name)
                 then = f"{cut.then}; a resumed run evaluates again at this step"
                 raise LoopInterrupted(cut.reason, then) from None
             runs[name] += 1
+            trained_since[0] = _time.monotonic()
             if all(runs.values()):  # monitors of evaluation entries are now strict
                 clock.loop_state.evaluated = True
             return result
@@ -300,10 +331,7 @@ def train_loop(
         on_end += named["on_epoch_end"]
     on_end += named["on_train_end"]
     if is_empty(train_dataset):  # after the other arguments' checks
-        raise ValueError(
-            "train_loop(train_dataset=...) is empty (it has no batch), so there is nothing to "
-            "train on. Give a dataset with batches (a list, a generator, a DataLoader...)."
-        )
+        raise ValueError("train_loop(train_dataset=...) is empty: give a dataset of batches.")
     history = History() if history is None else history
     if sets:
         history.hint_missing(_why_not_evaluated(sets, runs, epoch, stop))

@@ -8,7 +8,11 @@ from typing import Any
 
 import jax
 
-__all__ = ["Logs", "empty_logs", "logs"]
+__all__ = ["PARAMS_FINITE", "Logs", "empty_logs", "logs"]
+
+#: ``(collection, name)`` of what a managed train step logs: 1 while its updated parameters
+#: are all finite, else 0 (the NaN guards read it; bars and loggers do not show outputs).
+PARAMS_FINITE = ("outputs", "params_finite")
 
 _WRITE_ONLY = "Logs.updates is write-only: `logs.updates = other` merges; use entry_value."
 

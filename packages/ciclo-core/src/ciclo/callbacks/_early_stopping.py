@@ -12,10 +12,13 @@ from typing import IO, Any, Literal
 import jax
 import numpy as np
 
+from .._checkpoint._rollback import StateProbe
 from .._loop._base import LoopCallbackBase
 from .._loop._state import LoopState, StopKind
+from .._processes._agreement import gather_to_all
+from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records import _host
-from .._records._logs import Logs
+from .._records._logs import PARAMS_FINITE, Logs
 from .._time._elapsed import Elapsed, Period, as_period
 from .._time._periods import counted_fields, counts
 
@@ -344,16 +347,22 @@ early_stopping = EarlyStopping
 
 
 class TerminateOnNaN(LoopCallbackBase):
-    """Stops training when a loss is NaN or infinite.
+    """Stops training when a loss is NaN or infinite, or the parameters are.
 
     To keep steps free of device syncs it looks at the current step's values at most every
     ``interval`` seconds: a NaN that spreads to the parameters (the usual case) is caught
     within ``interval``. ``interval=0`` checks every step (one host transfer per step).
+    Besides ``keys`` it reads ``params_finite``, which a managed train step logs, so a NaN
+    that reaches the parameters but not the loss (NaN inputs through a ReLU) stops it too;
+    for a plain step, ``state_every=N`` checks the state itself every N steps (a compiled
+    reduction, read once ready). It prints one line when the run stops, naming the step
+    and (with several processes) the process that saw the NaN.
 
     Args:
         keys: the entries to watch (``"loss"``, ``"metrics.accuracy"``); every loss by
             default.
         interval: seconds between checks.
+        state_every: check the state for NaN or inf every that many steps (``None``: not).
         verbose: print why it stopped.
         file: where to print (stdout by default).
 
@@ -373,6 +382,7 @@ class TerminateOnNaN(LoopCallbackBase):
         keys: Sequence[str] | None = None,
         *,
         interval: float = 0.5,
+        state_every: int | None = None,
         verbose: bool = True,
         file: IO[str] | None = None,
     ) -> None:
@@ -381,42 +391,42 @@ class TerminateOnNaN(LoopCallbackBase):
             or not isinstance(interval, int | float)
             or not interval >= 0  # NaN too
         ):
-            raise ValueError(
-                f"terminate_on_nan: interval must be >= 0 seconds (0 checks every step), got "
-                f"{interval!r}."
-            )
+            raise ValueError(f"terminate_on_nan(interval={interval!r}): expected seconds >= 0.")
         self.watch = None if keys is None else list(keys)
         self.interval = interval
         self.verbose, self.file = verbose, file
+        self._probe = StateProbe("terminate_on_nan", state_every)
         self._last = -math.inf
+        self._seen: str | None = None  # what this process saw, once it asked to stop
 
     def _watched(self, logs: Logs) -> dict[str, Any]:
         if self.watch is None:
-            return {f"losses.{n}": v for n, v in logs.get("losses", {}).items()}
-        found = {k: _find(logs, k) for k in self.watch}
-        return {k: v for k, v in found.items() if v is not _MISSING}
+            found = {f"losses.{n}": v for n, v in logs.get("losses", {}).items()}
+        else:
+            found = {k: v for k in self.watch if (v := _find(logs, k)) is not _MISSING}
+        flag = logs.get(PARAMS_FINITE[0], {}).get(PARAMS_FINITE[1])
+        return found if flag is None else {**found, "the parameters": flag}
 
     def check(self, loop_state: LoopState) -> None:
         """Checks this step's values when ``interval`` has passed since the last check."""
+        fault = self._probe.fault(loop_state)  # at the same steps on every process
+        if self._seen is not None:
+            return  # asked to stop already: the loop stops within the agreement's steps
+        bad = [] if fault is None else ["the state"]
         now = _time.monotonic()
-        if now - self._last < self.interval:
-            return
-        watched = self._watched(loop_state.logs)
-        if not watched:
-            return
-        self._last = now
-        values = _host.to_host(watched)
-        bad = [k for k, v in values.items() if not np.all(np.isfinite(np.asarray(v, float)))]
+        watched = self._watched(loop_state.logs) if now - self._last >= self.interval else {}
+        if watched:
+            self._last = now
+            for key, value in _host.to_host(watched).items():
+                value = np.asarray(value, float)
+                if not (np.all(value) if key == "the parameters" else np.isfinite(value).all()):
+                    bad.append(key)
         if bad:
-            _stop(
-                loop_state,
-                f"terminate_on_nan: {', '.join(bad)} is NaN or infinite at step "
-                f"{loop_state.elapsed.steps}; training stopped.",
-                self.file,
-                self.verbose,
-                kind=StopKind.NAN,
-                same_everywhere=False,  # checked on this process's clock: agreed
-            )
+            where = f" on process {jax.process_index()}" if jax.process_count() > 1 else ""
+            step = loop_state.elapsed.steps if fault is None else fault[0]
+            self._seen = f"NaN or inf in {', '.join(bad)} at step {step}{where}"
+            reason = f"terminate_on_nan: {self._seen}"
+            loop_state.request_stop(reason, kind=StopKind.NAN)  # agreed between processes
 
     def __loop_callback__(self, loop_state: LoopState) -> None:
         self.check(loop_state)
@@ -425,6 +435,22 @@ class TerminateOnNaN(LoopCallbackBase):
         self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState
     ) -> None:
         self.check(loop_state)
+
+    def __loop_end__(self, loop_state: LoopState, error: BaseException | None) -> None:
+        """Prints, once and on one process, what stopped the run (when it did stop)."""
+        seen, self._seen = self._seen, None
+        self._probe.reset()
+        if error is not None or not loop_state.stop_iteration:
+            return
+        if jax.process_count() > 1:
+            seen = next((s for s in gather_to_all("terminate_on_nan", seen) if s), None)
+        if seen is not None and writes_here(OUTPUT_PROCESS):
+            last = loop_state.elapsed.steps - 1
+            _say(
+                f"terminate_on_nan: {seen}; training stopped after step {last}.",
+                self.file,
+                self.verbose,
+            )
 
 
 terminate_on_nan = TerminateOnNaN

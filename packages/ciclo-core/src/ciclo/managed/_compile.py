@@ -11,8 +11,14 @@ import jax
 import jax.numpy as jnp
 
 from .._records._aggregate import merge_micro_logs
-from .._records._logs import Logs
-from ._precision import apply_scaled_gradients, run_in_compute_dtype, scale_loss, unscale_gradients
+from .._records._logs import PARAMS_FINITE, Logs
+from ._precision import (
+    all_finite,
+    apply_scaled_gradients,
+    run_in_compute_dtype,
+    scale_loss,
+    unscale_gradients,
+)
 from ._strategies import Strategy
 from ._trainable import trainable_mask, trainable_part, with_part
 
@@ -50,8 +56,10 @@ def step_body(
             batch,
             strategy.accumulate_steps,
         )
-        grads = strategy.reduce_gradients(grads)
-        return strategy.reduce_logs(logs), apply_scaled_gradients(new_state, grads)
+        new_state = apply_scaled_gradients(new_state, strategy.reduce_gradients(grads))
+        # One scalar, computed here: a NaN that reaches the parameters but not the loss.
+        finite = all_finite(new_state.params).astype(jnp.int32)
+        return strategy.reduce_logs(logs).add_entry(*PARAMS_FINITE, finite), new_state
 
     return train
 
