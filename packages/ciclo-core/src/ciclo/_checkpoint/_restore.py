@@ -50,10 +50,7 @@ def restore(directory: str | os.PathLike[str], state: Any, *, step: int | None =
         (6.0, 3)
     """
     if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-        raise TypeError(
-            f"restore(step={step!r}): step must be an int, the number of steps a checkpoint "
-            f"holds (Checkpoint.all_steps() lists them), or None for the newest."
-        )
+        raise TypeError(f"restore(step={step!r}): pass an int (Checkpoint.all_steps()) or None.")
     path = _format.checkpoint_path(directory)
     manager = _format.open_reader(path, must_exist=True)
     if isinstance(state, LazyState):
