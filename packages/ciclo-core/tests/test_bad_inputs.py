@@ -265,7 +265,7 @@ CASES = [
     ('register_strategy_empty', lambda d: ciclo.managed.register_strategy("", lambda: None), TypeError, r"a\ strategy\ name\ must\ be\ a\ non\-empty\ string,\ g"),
     ('create_state_int_2', lambda d: ciclo.create_state(3), TypeError, r"no\ installed\ ciclo\ adapter\ handles\ it\ \(builti.*\);\ pip\ install\ ciclo\-flax,\ \-haiku\ or\ \-equinox\."),
     ('ckpt_async_str', lambda d: ciclo.checkpoint(d.T, async_save="yes"), TypeError, r"checkpoint\(async_save='yes'\):\ expected\ True\ o"),
-    ('restore_step_str', lambda d: (ciclo.loop(S, B, {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.restore(d.T, S, step="1")), TypeError, r"restore\(step='1'\):\ step\ must\ be\ an\ int,\ the\ n.*ists\ them\),\ or\ None\ for\ the\ newest\."),
+    ('restore_step_str', lambda d: (ciclo.loop(S, B, {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.restore(d.T, S, step="1")), TypeError, r"restore\(step='1'\):\ pass\ an\ int\ \(Checkpoint\.all_steps\(\)\)\ or\ None\."),
     ('restore_best_file', lambda d: ciclo.restore_best(d.F, S), NotADirectoryError, r"checkpoint\ directory\ '.*'\ is\ a\ file\.\ Give.*hat\ ciclo\.checkpoint\(\.\.\.\)\ wrote\ to\."),
     ('restore_best_missing', lambda d: ciclo.restore_best(d.T + "/nope", S), FileNotFoundError, r"checkpoint\ directory\ '.*'\ does\ not\ exist\.\ Give.*hat\ ciclo\.checkpoint\(\.\.\.\)\ wrote\ to\."),
     ('resume_generator_too_short', lambda d: (ciclo.loop(S, iter(B * 3), {ciclo.every(1): ciclo.checkpoint(d.T)}), ciclo.loop(S, iter(B), {ciclo.every(1): ciclo.checkpoint(d.T)}, resume=d.T, stop=5)), ValueError, r"the\ dataset\ ended\ after\ 1\ batches\ while\ skipp.*umed:\ resume\ with\ the\ same\ dataset\."),

@@ -153,9 +153,8 @@ def is_finite_step(manager: Any, step: int) -> bool:
 def newest(manager: Any, path: str, read_step: Callable[[int], T]) -> T:
     """``read_step(step)`` of the newest intact checkpoint of a finite state.
 
-    Damaged checkpoints are passed over with a warning naming the step and the file;
-    checkpoints of a non-finite state (saved at a stop after a NaN) are passed over with a
-    warning while an older finite one exists. Nothing is deleted.
+    Damaged checkpoints, and non-finite ones while an older finite one exists, are passed
+    over with a warning (naming the step); nothing is deleted.
 
     Raises:
         DamagedCheckpoint: every checkpoint is damaged (the newest one's error).

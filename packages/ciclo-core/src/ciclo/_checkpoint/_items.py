@@ -7,16 +7,14 @@ branch in the format (:mod:`._format` writes and reads whatever the items give i
   run's loop started;
 - ``data``: ``{"position": batches drawn, "state": the dataset's state_dict() or None (per
   process: ``_topology``), "skipped": batches rollbacks skipped (when not 0)}``;
-- ``ledger``: a ``ciclo.goodput()`` ledger's ``state_dict()`` (the task object whose
-  ``checkpoint_key`` is ``"ledger"``), or ``None``;
+- ``ledger``: a ``ciclo.goodput()`` ledger's ``state_dict()``, or ``None``;
 - ``schedules``: each task's ``schedule.state_dict()`` (a watchdog's task left out);
 - ``callbacks``: ``[{"name": class qualname, "state": state_dict()}]`` of each stateful
   callback; trees shaped like the state in them are saved like the state;
 - ``history``, ``logs``: ``History.state_dict()`` and the latest logs;
 - ``end``: ``LoopState.ending`` (why and where the run ended), else ``None``.
 
-Fields added after format 1 was first written (``end``, ``ledger``) have a value for
-checkpoints without them; ciclo 0.1 kept the ledger among the callbacks (:func:`decode`).
+Fields added after format 1 (``end``, ``ledger``) have defaults (:func:`decode`).
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """``lazy_state``: a run's initial state, built only when no checkpoint replaces it.
 
-A resumed run restores its state from a checkpoint, so the initial state it would build
-first (the model's initialization, the optimizer's state) is thrown away, after being
-traced, lowered, compiled (or loaded from the compilation cache) and run. Given as
-``ciclo.lazy_state(new_state)``, the state is built by ``new_state()`` on a fresh start; a
-resume only traces it, with ``jax.make_jaxpr``, for the shapes, dtypes and placement the
-checkpoint is restored into (the pattern of orbax's ``jax.eval_shape`` restores).
-
-The placement of each array comes from the traced program: the sharding of the
-``device_put`` or ``jit`` that made it, or the sharding its type carries (a mesh with
-explicit axes), resolved to the concrete mesh the program names. An array placed nowhere
-is restored as a freshly built one would be: uncommitted, on the default device.
+A resume only traces ``new_state`` (``jax.make_jaxpr``) for the shapes, dtypes and
+placement to restore into; each array's placement is the sharding of the ``device_put`` or
+``jit`` that made it, or its type's; an array placed nowhere stays uncommitted.
 """
 
 from __future__ import annotations
@@ -41,10 +33,8 @@ _UNPLACED = (
 class LazyState(Generic[T]):
     """A run's initial state, built by ``build()`` only when no checkpoint replaces it.
 
-    Give it to ``ciclo.loop`` or ``ciclo.train_loop`` in place of a state, with
-    ``resume=``: a fresh run calls ``build()``; a resume traces it alone (nothing of it is
-    compiled or run) for the structure, shapes, dtypes and shardings to restore the
-    checkpoint into. The state must be a pytree of arrays (as ``jax.eval_shape`` returns).
+    Give it to ``ciclo.loop`` or ``ciclo.train_loop`` in place of a state, with ``resume=``;
+    the state must be a pytree of arrays.
 
     Args:
         build: a function of no arguments returning the initial state.

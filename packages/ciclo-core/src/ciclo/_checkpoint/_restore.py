@@ -24,29 +24,18 @@ class Restored(NamedTuple):
 def restore(directory: str | os.PathLike[str], state: Any, *, step: int | None = None) -> Restored:
     """Reads a checkpoint written by :class:`ciclo.checkpoint`.
 
-    The state comes back in the structure of ``state``, and each array with its dtype and
-    sharding (a sharded ``state`` restores sharded, reading only each device's part).
-    Leaves a checkpoint does not store (strings, functions) are taken from ``state``.
+    Each array comes back with the dtype and sharding of ``state``'s (reading only each
+    device's part); leaves a checkpoint does not store are taken from ``state``.
 
     Args:
         directory: the checkpoint directory.
-        state: a state built like the saved one (e.g. freshly initialised); only its
-            structure, shapes, dtypes and shardings are used. A ``ciclo.lazy_state(fn)``
-            is only traced for them: nothing of ``fn`` is compiled or run.
-        step: which checkpoint (its ``elapsed.steps``). By default the newest intact
-            checkpoint of a finite state: a damaged one (a truncated or missing file, bad
-            JSON) and one of a non-finite state (saved at the stop after a NaN) are passed
-            over with a warning, and left in place.
+        state: a state built like the saved one (only its structure, shapes, dtypes and
+            shardings are used), or a ``ciclo.lazy_state(fn)`` (only traced).
+        step: which checkpoint (its ``elapsed.steps``); by default the newest intact one
+            of a finite state (damaged or non-finite ones are passed over with a warning).
 
     Returns:
         ``(state, history, elapsed)`` as the checkpointed loop had them.
-
-    Raises:
-        FileNotFoundError: no such directory, or no checkpoint in it.
-        ValueError: checkpoint ``step`` is damaged (the message names the file and the
-            fix), or, without ``step``, every checkpoint is.
-        ValueError: ``state`` does not have the saved structure (the message lists
-            the differing leaves).
 
     Example:
         >>> import ciclo, jax.numpy as jnp, numpy as np, tempfile
@@ -61,10 +50,7 @@ def restore(directory: str | os.PathLike[str], state: Any, *, step: int | None =
         (6.0, 3)
     """
     if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-        raise TypeError(
-            f"restore(step={step!r}): step must be an int, the number of steps a checkpoint "
-            f"holds (Checkpoint.all_steps() lists them), or None for the newest."
-        )
+        raise TypeError(f"restore(step={step!r}): pass an int (Checkpoint.all_steps()) or None.")
     path = _format.checkpoint_path(directory)
     manager = _format.open_reader(path, must_exist=True)
     if isinstance(state, LazyState):

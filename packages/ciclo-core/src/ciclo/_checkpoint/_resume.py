@@ -3,19 +3,10 @@ checkpoint. The checkpoint's items are put back (:mod:`._items`: the tasks must 
 the interrupted run, in the same order), and the data already consumed is skipped, in the
 first way the dataset allows (:func:`skip_consumed`):
 
-1. a dataset with ``state_dict()`` / ``load_state_dict(state)`` (torchdata's
-   ``StatefulDataLoader`` convention; ``ciclo.stateful_dataset`` for Grain) loads its saved
-   state, which restores its position and shuffling exactly (per process: :mod:`._topology`);
-2. a sequence of batches, or an object Python iterates by index (``__getitem__`` without
-   ``__iter__``), starts at the first batch not consumed, by index (a global position: any
-   number of processes);
-3. any other iterable is iterated again and the consumed batches dropped (replay, said in one
-   line on stderr): it must yield the same batches when re-created.
-
-A run whose newest checkpoint records that it ended (the ``end`` item) stays finished: the
-loop gets its final state, history and elapsed and runs nothing (``loop_state.finished``),
-unless it asks for more: a ``stop`` not reached yet with data left, or, for a run a callback
-stopped, ``resume_stopped=True``.
+a stateful dataset loads its saved state (per process: :mod:`._topology`); a sequence starts
+at the first batch not consumed, by index; any other iterable is replayed, dropping the
+consumed batches. A run whose checkpoint records that it ended stays finished
+(``loop_state.finished``) unless it asks for more (a later ``stop``, ``resume_stopped=True``).
 """
 
 from __future__ import annotations

@@ -1,33 +1,15 @@
 """The decisions of an outermost loop of several processes, agreed without blocking a step.
 
-Every decision of a loop is a function of what ``elapsed`` counts and of the stops that
-callbacks and signals request. :class:`AgreedDecisions` makes both the same on every
-process:
+Steps and samples (all processes' samples) are computed alike everywhere, so step and
+sample schedules and decisions on the identical history take effect at once. What differs
+per process (its clock, a requested stop, Ctrl-C, its sample count) is published at each
+*round* and read one round later, so no step waits unless a process is a round behind:
+``elapsed.time`` becomes process 0's clock and a stop anywhere stops every process at the
+same step. SIGTERM under JAX's preemption service stops at the step its sync point names.
 
-- **Never exchanged**, because every process computes them alike: ``elapsed.steps``;
-  ``elapsed.samples``, which counts the samples of *all* processes (each process's batch
-  times the number of processes, checked equal at each round); so every step and sample
-  schedule, ``stop=`` in steps or samples, and decisions on the identical history (early
-  stopping: ``request_stop(..., same_everywhere=True)``) take effect at once.
-- **Exchanged without waiting**: what differs per process, that is its clock, a stop a
-  callback requests on it (``loop_state.request_stop``, ``terminate_on_nan``), Ctrl-C, and
-  its count of samples. At each *round* (a step agreed in advance), every process publishes
-  its record and reads everyone's record of the *previous* round, which was published a
-  round ago and is already there: no step waits for another process unless one is more
-  than a round behind. What the previous round says takes effect at this round, the same
-  step everywhere: ``elapsed.time`` and ``elapsed.date`` become process 0's clock as of the
-  previous round, and a stop requested anywhere stops every process before this round's
-  batch is drawn.
-- **JAX's preemption sync point** for SIGTERM when the preemption service runs: every
-  process stops at the step it names.
-
-Rounds come every ``agree_every`` steps, or, by default (``agree_every=None``), as many
-steps apart as process 0 runs in about :data:`ROUND_SECONDS` (it measures its steps and
-says so in its record; at most :data:`MAX_ROUND_STEPS`). So a time-based decision or a
-requested stop takes effect between one and two rounds after the moment it was due: at most
-``2 * agree_every - 1`` steps late, or about ``2 * ROUND_SECONDS`` by default. The loop's
-first round and its end are exchanged with waiting (once each): they start the processes
-together and check that they ended at the same step.
+Rounds come every ``agree_every`` steps, or by default every :data:`ROUND_SECONDS` of
+process 0's steps (at most :data:`MAX_ROUND_STEPS`): a decision takes effect one to two
+rounds after it was due. The first round and the end are exchanged with waiting.
 """
 
 from __future__ import annotations

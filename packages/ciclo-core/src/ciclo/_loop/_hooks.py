@@ -6,7 +6,6 @@ never probes a callback elsewhere: it asks the helpers of this module. Hooks loo
 an *object* are found on the callback itself or on the object behind a bound method
 (:func:`owners`, :func:`hook_owners`), each object once.
 
-=============================================  =====================================================
 hook (its :class:`Protocol`; the probe)        what it is, and when the loop uses it
 =============================================  =====================================================
 ``__loop_callback__(loop_state)``              What a loop calls at each step where the callback's
@@ -48,6 +47,16 @@ batches)`` (:class:`FusableCallback`;          returning the logs stacked on a n
 (no probe: a mapping)                          itself}``, spread into ``tasks`` with ``**``
                                                (``LoopCallbackBase`` implements it).
 =============================================  =====================================================
+=======
+The hooks (the table of ``docs/callbacks.md`` says what each one is):
+``__loop_callback__(loop_state)`` (:class:`LoopCallback`), ``__loop_end__(loop_state,
+error)`` (:class:`EndHook`), ``__loop_restart__(loop_state)`` (:class:`RestartHook`),
+``__loop_phases__(loop_state, phases)`` (:class:`PhaseWatcher`), the class attributes
+``__loop_observer__`` (:func:`is_observer`) and ``__loop_transient__``
+(:func:`is_transient`), ``__loop_steps_per_call__`` with ``__loop_callback_many__``
+(:class:`FusableCallback`), ``__loop_lower__`` (:func:`lowered`), ``state_dict`` /
+``load_state_dict`` (:class:`Stateful`), and ``keys()`` / ``__getitem__`` (a callback
+object poses as ``{its default schedule: itself}``, spread into ``tasks`` with ``**``).
 
 Named hooks (``on_train_batch_end(state, batch, elapsed, loop_state)``, ...): a callback
 object in ``callbacks=[...]`` of ``train_loop`` / ``test_loop`` / ``predict_loop`` defines

@@ -157,34 +157,21 @@ class LoopState:
         logs: the logs produced at this step so far.
         accumulated_logs: the latest value of every entry seen in this loop.
         metadata: free-form data of the loop (e.g. which loop this is).
-        stop_iteration: whether the loop ends after this step; setting it to ``True`` is
-            :meth:`request_stop` without a reason.
+        stop_iteration: whether the loop ends after this step (``True``: a stop without
+            a reason).
         stop_reason: why the loop stopped (e.g. ``"stopped by SIGTERM"``), or ``None``.
         stop_kind: the :class:`StopKind` of the stop, ``None`` while the loop runs.
-        batch_size_fn: ``batch -> int``, how the loop counts the samples of a batch (this
-            process's part of it).
-        initial_elapsed: the count the loop started from (for a resumed loop: the count the
-            interrupted loop had started from), so ``elapsed.steps -
-            initial_elapsed.steps`` batches were drawn from the dataset.
+        batch_size_fn: ``batch -> int``, how the loop counts this process's samples.
+        initial_elapsed: the count the loop (or the run it resumed) started from.
         resumed: ``True`` when the loop continued a run from a checkpoint.
-        skipped_batches: how many batches of the dataset rollbacks skipped
-            (:class:`ciclo.rollback_on_nan`), so the dataset's position is ``elapsed.steps
-            - initial_elapsed.steps + skipped_batches``; checkpoints save it.
-        evaluated: ``True`` once every evaluation set of ``train_loop`` has been evaluated
-            in this loop (always ``True`` in other loops): from then on, a monitor missing
-            from the logs at an epoch's end was never logged, not just not evaluated yet.
+        skipped_batches: batches of the dataset rollbacks skipped (checkpoints save it).
+        evaluated: ``True`` once every evaluation set of ``train_loop`` was evaluated.
         inputs: the loop's tasks and dataset (:class:`LoopInputs`), for checkpoints.
-        ending: why and where the loop ended, ``{"reason", "step", "message"}`` (reason:
-            ``"stop"``, ``"data"`` or a :class:`StopKind` that finishes a run), set when its
-            steps are over (``None`` before, and after a stop by a signal); the
-            checkpoint of the last step records it, so that a resumed finished run stays
-            finished.
-        phases: the record of the loop's phases (:class:`~ciclo._time._phases.Phases`) while
-            its batches run, when its callbacks read one (the ledger, the watchdog); ``None``
-            otherwise.
-        finished: ``True`` when ``resume=`` found the run already finished: the loop
-            returns at once with the run's final state, history and elapsed, and writes
-            nothing.
+        ending: ``{"reason", "step", "message"}`` once its steps are over, kept by the
+            last checkpoint so that a resumed finished run stays finished.
+        phases: the record of the loop's phases while its batches run, when a callback
+            reads one; ``None`` otherwise.
+        finished: ``True`` when ``resume=`` found the run already finished.
     """
 
     __slots__ = (
@@ -254,18 +241,13 @@ class LoopState:
         same_everywhere: bool = False,
     ) -> None:
         """Asks the loop to end after the current step, for ``reason`` (kept as
-        :attr:`stop_reason`). The one way to stop a loop, with one process or several: with
-        several, every process stops at one step agreed between them, a bounded number of
-        steps later (see ``agree_every`` of :func:`ciclo.loop`).
+        :attr:`stop_reason`); with several processes, all stop at one agreed step.
 
         Args:
             reason: why, for messages and :attr:`stop_reason`.
-            kind: a :class:`StopKind`, what decides how the run ended (whether a resumed
-                run stays finished): a callback's stop by default.
-            same_everywhere: every process makes this same request at this same step,
-                because the decision derives from what is identical on every process (the
-                counts, the history: early stopping does this): the stop needs no agreement
-                and takes effect after this step everywhere.
+            kind: a :class:`StopKind` (a callback's stop by default).
+            same_everywhere: every process makes this request at this step (the decision
+                derives from identical counts or history): no agreement is needed.
 
         Example:
             >>> import ciclo

@@ -171,13 +171,9 @@ _NOT_STACKED = (
 class History:
     """The record of a loop: one row per committed step, with its ``elapsed`` and logs.
 
-    Values stay on device when committed and are fetched in batches, every ``max_pending``
-    commits, at most ``fetch_interval`` seconds after the first one, or when read, so
-    committing never forces a per-step sync. (A backlog of thousands of live device arrays
-    costs the steps more than fetching it: 4096 pending added ~2.4 µs a step on the
-    trivial-step benchmark against 256.) A batch is sent to the host when due and lands in
-    the columns later (once the device has computed it, at the latest with the next batch
-    or a read), so the host does not wait for the device at a fetch either.
+    Values stay on device when committed and are fetched in batches (every ``max_pending``
+    commits, ``fetch_interval`` seconds after the first, or when read), landing in the
+    columns once the device has computed them: neither a commit nor a fetch waits.
 
     Example:
         >>> import ciclo
@@ -209,10 +205,7 @@ class History:
         self._transit: _Transit | None = None  # the batch sent, not landed yet
 
     # --- writing -------------------------------------------------------------------------
-    # Committed values wait, still on device, in one (rows, values) pair of lists per key;
-    # `fetch` moves them all to the host at once and extends each column in bulk. Per-value
-    # Python work is what makes a history slow at a million rows (and per step). A fused
-    # call's block of rows stays one array until fetched (`_blocks`: their positions).
+    # Committed values wait on device per key; `fetch` moves them to the host in bulk.
     def _set_elapsed(self, columns: dict[str, array[Any]]) -> None:
         self._elapsed = columns
         # the columns' appends, in _ELAPSED_FIELDS' order (a commit makes no lookup)
@@ -267,9 +260,7 @@ class History:
                 slot[0].append(row)
                 slot[1].append(value)
         self._num_pending = waiting = self._num_pending + 1
-        # The clock is read every 16 commits (once per step costs more): a fetch is due when
-        # fetch_interval has passed, and happens at most 15 commits later. A batch sent
-        # lands as soon as the device has computed it, looked at every 16 commits too.
+        # The clock is read every 16 commits (trivial-step benchmark: once per step costs more).
         if waiting >= self.max_pending:
             self._send()
         elif waiting & 15 == 0:
@@ -550,9 +541,7 @@ class History:
 
     def run_start(self, first: int, last: int) -> int:
         """The first row of the loop now writing, whose steps run from ``first`` to
-        ``last`` (the step now running): the trailing rows whose steps lie in that range
-        and never decrease (the rows of an earlier loop that restarted its count, or ran
-        further, are left out).
+        ``last``: the trailing rows whose steps lie in that range and never decrease.
 
         Example:
             >>> import ciclo
@@ -572,11 +561,9 @@ class History:
     def numeric_since(
         self, row: int, keys: Sequence[str], *, fetch: bool = True
     ) -> tuple[np.ndarray, np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
-        """The rows from ``row`` on, on the host (pending values are fetched first; with
-        ``fetch=False`` they are left on device and the columns hold what was fetched):
-        their ``steps`` and ``samples``, and for each of ``keys`` (``collection.name``)
-        holding numbers, its ``(rows, values)`` there (copies; keys of other values left
-        out). For readers that go through a run as it grows (a bar's running mean).
+        """The rows from ``row`` on, on the host (``fetch=False`` leaves pending values on
+        device): their ``steps``, ``samples`` and, for each numeric key of ``keys``, its
+        ``(rows, values)`` (copies).
 
         Example:
             >>> import ciclo

@@ -1,18 +1,11 @@
 """Where a loop is, and since when: the record of the loop's *phases* that the time ledger
 (``ciclo.goodput``) and the watchdog (``ciclo.watchdog``) read.
 
-There is no record of the process: a loop whose callbacks watch its phases (a ledger, a
-watchdog) owns one, :class:`Phases`, as ``loop_state.phases`` while its batches run, and
-hands it to what marks it. The engine marks two moments per step (a batch drawn:
-:meth:`Phases.step`; the step done: :meth:`Phases.data`), the callbacks that evaluate and
-checkpoint mark theirs on the loop state they are given (:func:`marked`), and each mark
-adds the seconds since the previous one to the phase that ended. So every second since the
-record started is in exactly one phase, and the time JAX spends compiling (its own
-``jax.monitoring`` events, in the thread that runs the loop) is moved from the phase it
-happened in to ``compile``.
-
-A monitor thread reads :meth:`Phases.current` and :attr:`Phases.number` without any lock:
-each attribute is written by the loop's thread alone.
+A loop whose callbacks watch its phases owns one :class:`Phases` (``loop_state.phases``).
+The engine marks :meth:`Phases.step` and :meth:`Phases.data` per step, evaluations and
+checkpoints mark theirs (:func:`marked`); each mark adds the seconds since the previous one
+to the phase that ended, and JAX's compile time moves to ``compile``. A monitor thread
+reads :meth:`Phases.current` and :attr:`Phases.number` without a lock (one writer).
 """
 
 from __future__ import annotations
@@ -86,10 +79,8 @@ class Phases:
     """The record of a loop's phases (see the module docstring); ``with Phases() as
     phases:`` listens to JAX's compile events inside the block, which ends in ``callbacks``.
 
-    The engine's two marks per step, ``step(number)`` (a batch was drawn) and ``data()``
-    (the step is done), are as cheap as they can be (a clock reading and two stores each):
-    a step's seconds are summed, and the seconds waiting for data are what no other phase
-    took. Other phases, rare, are marked with :meth:`enter`; a loop's first step is one.
+    The engine's marks per step, ``step(number)`` and ``data()``, cost a clock reading and
+    two stores each; other phases (a loop's first step) are marked with :meth:`enter`.
 
     Attributes:
         origin: ``time.perf_counter()`` when the record began (in ``startup``).

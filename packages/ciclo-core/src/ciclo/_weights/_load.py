@@ -139,12 +139,11 @@ def load_weights(
             a pytree of arrays, or another state.
         transform: renames the source's names to the state's: a function (``None``
             leaves a name out) or ``{regex: replacement}``, applied in order.
-        missing, unexpected, mismatched: parameters of the state not in the source, of
-            the source not in the state, of another shape or a dtype that does not widen:
-            ``"error"`` (naming them all), ``"keep"`` or ``"ignore"`` (the same: the
-            state keeps its own; the plan lists them).
+        missing, unexpected, mismatched: parameters only in the state, only in the source,
+            or of another shape or a narrowing dtype: ``"error"`` (naming them all),
+            ``"keep"`` or ``"ignore"`` (the state keeps its own; the plan lists them).
         use: the field read from a ciclo checkpoint or a state: ``"params"`` or
-            ``"ema_params"`` (the averaged weights).
+            ``"ema_params"``.
         step: the checkpoint of a ciclo checkpoint directory (default: the newest).
 
     Example:

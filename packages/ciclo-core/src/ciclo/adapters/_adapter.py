@@ -86,12 +86,9 @@ def check_options(
     """Rejects the ``**options`` of an adapter's ``create_state`` that it does not take,
     naming the close match (a typo of ``strategy`` does not silently run under ``jit``).
 
-    The options every adapter's ``create_state`` takes and passes on (the adapters' docs
-    point here): ``inputs_key``, ``targets_key``, ``sample_weight_key`` for dict batches
-    (:meth:`AdapterState.create`); ``compute_dtype`` (mixed precision, e.g.
-    ``jnp.bfloat16``), ``loss_scale`` (for float16), ``ema`` (a decay: keep
-    ``ema_params``, evaluated as ``*_test_ema``) and ``trainable`` (which params train: a
-    regex or a function of their names), as in :meth:`ciclo.managed.ManagedState.create`.
+    Every adapter's ``create_state`` takes and passes on ``inputs_key``, ``targets_key``,
+    ``sample_weight_key`` (:meth:`AdapterState.create`), ``compute_dtype``, ``loss_scale``,
+    ``ema`` and ``trainable`` (:meth:`ciclo.managed.ManagedState.create`).
 
     Args:
         options: the keyword arguments ``factory`` received in ``**options``.
@@ -151,13 +148,9 @@ class AdapterState(ManagedState):
         losses, metrics: ``{name: fn(preds, targets)}`` (static).
         batch_format: how batches are unpacked (static).
 
-    Steps (each works as ``logs, state = state.train_step(batch)`` and as a loop callback):
-        train_step: losses (reduced with sample weights) summed into the objective,
-            optimizer applied, ``model_state`` updated; logs losses, metrics and stateful
-            metrics.
-        test_step: the same logs without gradients; ``model_state`` frozen.
-        predict_step: logs the model's predictions as ``logs.outputs.predictions``.
-        reset_step: puts stateful metrics back to their initial state.
+    Its ``train_step``, ``test_step`` (no gradients), ``predict_step`` (logs
+    ``logs.outputs.predictions``) and ``reset_step`` (stateful metrics back to their
+    start) work as ``logs, state = state.train_step(batch)`` and as loop callbacks.
     """
 
     model_state: Any = None
@@ -175,20 +168,15 @@ class AdapterState(ManagedState):
         """Runs the model: the one method an adapter implements.
 
         Args:
-            params: the trainable parameters (``state.params``, or values being
-                differentiated).
+            params: the trainable parameters (or values being differentiated).
             model_state: the mutable model state (``state.model_state``).
             inputs: the batch's inputs.
-            training: ``True`` in ``train_step`` (dropout on, batch statistics used and
-                updated), ``False`` otherwise.
+            training: ``True`` in ``train_step``, ``False`` otherwise.
             key: an RNG key for this step (``None`` if the state has no key).
 
         Returns:
-            ``(predictions, new_model_state)``; in evaluation the new model state is
-            ignored. It may add a third item, logs the model recorded itself
-            (``{"losses": {...}, "metrics": {...}}``, e.g. what a Flax module sows): they
-            are logged, and its losses add to the total loss that a train step
-            differentiates.
+            ``(predictions, new_model_state)``, optionally with a third item: logs the model
+            recorded itself (``{"losses": {...}, ...}``), whose losses add to the objective.
         """
         signature = "apply(self, params, model_state, inputs, *, training, key)"
         raise NotImplementedError(f"{type(self).__name__} must implement {signature}.")
@@ -216,12 +204,9 @@ class AdapterState(ManagedState):
             params: the trainable parameters.
             tx: an optax optimizer (``None`` for a state only evaluated or used to predict).
             losses: ``{name: fn(preds, targets)}``, each returning a scalar or per-example
-                values (optax losses work as they are); their sum is the objective. A loss
-                may ask for ``params`` (the trainable parameters, differentiated: weight
-                decay) or ``state`` (the whole state) by parameter name:
-                ``fn(preds, targets, params)``.
-            metrics: ``{name: fn(preds, targets)}`` like losses (``params`` and ``state``
-                too), or
+                values; their sum is the objective. A loss may also take ``params`` or
+                ``state`` by name: ``fn(preds, targets, params)``.
+            metrics: ``{name: fn(preds, targets)}`` like losses, or
                 :class:`StatefulMetric` objects for metrics that are not means.
             model_state: the model's mutable state (``None`` if it has none).
             key: an RNG key or int seed for dropout and other randomness (``None``: seed 0).

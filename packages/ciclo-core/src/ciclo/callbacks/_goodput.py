@@ -59,44 +59,20 @@ class Goodput(LoopCallbackBase):
     """The time ledger of a run: where each second of its wall time went, in buckets that
     add up to ``total``.
 
-    - ``startup``: the process's start, up to its first step (imports, building the state,
-      the restore of a resume, the first batch);
-    - ``compile``: JAX compiling (tracing, lowering, XLA), from JAX's own monitoring
-      events, while a loop runs (compiling before its first batch is start-up);
-    - ``data``: waiting on the dataset's ``next`` (with several processes, the rounds of
-      agreement too);
-    - ``step``: the step's callbacks: the step function and what runs with it at each step
-      (a bar), including the waits for the device that bound the steps in flight;
-    - ``evaluation``: evaluations (``inner_loop``, ``train_loop``'s test sets);
-    - ``checkpoint``: the time the loop is blocked by ``ciclo.checkpoint`` (a save's copy to
-      host memory, waits for an earlier save); the background writing is not;
-    - ``callbacks``: other host work: work queued for a step's end, time between loops;
-    - ``lost``: after a resume, the wall time the interrupted process spent past the
-      checkpoint the run resumed from: the work done again.
+    ``startup`` (up to the first step), ``compile`` (JAX compiling while a loop runs),
+    ``data`` (the dataset's ``next``, agreement rounds), ``step`` (the step's callbacks and
+    device waits), ``evaluation``, ``checkpoint`` (the time a save blocks the loop),
+    ``callbacks`` (other host work) and ``lost`` (after a resume, the work done again).
 
-    ``goodput`` is ``step / total``. The buckets are cumulative over restarts: the ledger
-    is saved with every checkpoint and continues from it, and the time the interrupted
-    process ran past the checkpoint is read from a small file the ledger keeps next to the
-    checkpoints (:data:`HEARTBEAT_FILE`, written a few times a second). Only the outermost
-    loop is measured (its evaluations are one bucket).
-
-    At its schedule (spread with ``**``: every ``steps`` steps; in ``train_loop``'s
-    ``callbacks=``: at each epoch's end; ``{ciclo.every(time=60): ledger}`` is another) it
-    logs every bucket as a
-    metric, ``goodput_<bucket>`` in seconds, with ``goodput_total`` and ``goodput``; the
-    writers (``writer_logger``, CSV, TensorBoard) write them like any metric; a bar shows
-    ``goodput`` alone (``keras_bar(exclude=())`` shows the seconds too). With several
-    processes each process logs its own ledger and process 0's is the one written out; they
-    all log ``goodput_slowest_process``, ``goodput_slowest_step`` (its seconds in steps so
-    far) and ``goodput_straggler`` (their ratio to the median process's: 1.0 when the
-    processes keep pace), as of the latest round of agreement (no step waits for them).
-
-    Cost: two clock readings and a few stores per step (well under a microsecond).
+    ``goodput`` is ``step / total``. The ledger is saved with every checkpoint and continues
+    from it; the time lost past the checkpoint is read from :data:`HEARTBEAT_FILE`. Only the
+    outermost loop is measured. At its schedule it logs ``goodput_<bucket>`` (seconds),
+    ``goodput_total`` and ``goodput``; with several processes also
+    ``goodput_slowest_process``, ``goodput_slowest_step`` and ``goodput_straggler`` (the
+    slowest process's step time over the median's).
 
     Args:
-        steps: the steps between two entries of the ledger in the history, when spread with
-            ``**`` (a time schedule is asked at every step: a step schedule costs nothing
-            between its entries).
+        steps: the steps between two entries of the ledger, when spread with ``**``.
         summary: print a one-line summary when the loop ends (on process 0).
         since: ``"process"``: count from the process's start (its imports and set-up are
             start-up); ``"now"``: from the ledger's creation (in a notebook, a test).

@@ -308,38 +308,25 @@ class KerasBar(_Bar):
         80/100 [=======================>......] - ETA: 2s - accuracy: 0.6148 - loss: 1.5371
         100/100 [==============================] - 5s 50ms/step - accuracy: 0.9 - loss: 0.31
 
-    It shows the latest value of every scalar loss and metric (evaluation entries such as
-    ``accuracy_test`` included once they exist), or with ``running_mean=True`` Keras'
-    values, reaches ``total/total`` when the run ends, and fetches values only when it
-    redraws.
+    It shows the latest value of every scalar loss and metric (evaluation entries once they
+    exist) and reaches ``total/total`` when the run ends; it fetches values only to redraw.
 
     Args:
-        total: an int (steps) or ``ciclo.at(samples=...)`` / ``ciclo.at(time=seconds)``.
-            By default the loop tells it when the bar is first called: its ``stop`` (in
-            ``train_loop(epochs=N)``, N epochs of the data), else ``len(dataset)`` steps;
-            an error says to pass it when the loop has neither.
-        interval: seconds between redraws on a terminal (about 10 per second).
-        plain_interval: seconds between lines when not on a terminal (log files, CI); a
-            line is also written at each epoch end and at the end.
+        total: an int (steps) or ``ciclo.at(samples=...)`` / ``ciclo.at(time=seconds)``;
+            by default the loop's ``stop``, else ``len(dataset)`` steps.
+        interval: seconds between redraws on a terminal.
+        plain_interval: seconds between lines when not on a terminal (also one per epoch).
         width: characters of the bar.
-        dynamic: redraw in place (``\\r``); by default when the output is a terminal or a
-            notebook.
+        dynamic: redraw in place (``\\r``); by default on a terminal or a notebook.
         file: where to write (``sys.stdout`` by default).
-        process: with several processes, the one that draws the bar (0 by default), or
-            ``None`` for every process.
-        running_mean: show what Keras' bar shows: each training loss and metric averaged
-            over the epoch so far (in :func:`ciclo.loop`, over the loop so far), weighted by
-            samples like ciclo's evaluation means; ``stateful_metrics`` and evaluation
-            entries (``accuracy_test``) as they are. Training entries are those in the
-            step's logs when the bar updates after the training step (``on_train_batch_end``
-            in ``train_loop``; in ``ciclo.loop``, put evaluations after the bar). The
-            values between redraws are read from the loop's history when the bar redraws:
-            no step waits for the device.
-        exclude: entries left out of the line, by name or pattern (``"val_*"``); by
-            default the ledger's seconds, ``goodput_*`` (``exclude=()`` shows them).
+        process: the process that draws the bar (0), or ``None`` for every process.
+        running_mean: show Keras' values: training entries averaged over the epoch so far,
+            weighted by samples, read from the loop's history (no step waits for the device).
+        exclude: entries left out, by name or pattern (``"val_*"``); by default the
+            ledger's seconds, ``goodput_*``.
 
     Put it in ``callbacks=[...]`` of :func:`ciclo.train_loop`, or spread it into the tasks of
-    :func:`ciclo.loop` (``{**ciclo.keras_bar(1000)}``) after the training step.
+    :func:`ciclo.loop` after the training step.
 
     Example:
         >>> import ciclo, io, numpy as np
@@ -432,18 +419,14 @@ class TqdmBar(_Bar):
     ``running_mean=True``, Keras' values: see :class:`KerasBar`).
 
     Args:
-        total: an int (steps) or ``ciclo.at(samples=...)`` / ``ciclo.at(time=seconds)``;
-            by default the loop's ``stop`` or ``len(dataset)``, as in :class:`KerasBar`.
-        interval: seconds between redraws (and between fetches of the values shown).
-        file: where to write (tqdm's default, stderr, when ``None``).
-        process: with several processes, the one that draws the bar (0 by default), or
-            ``None`` for every process.
-        running_mean: training losses and metrics averaged over the epoch so far, as in
+        total: steps, or ``ciclo.at(samples=...)`` / ``ciclo.at(time=...)``, as in
             :class:`KerasBar`.
+        interval: seconds between redraws.
+        file: where to write (tqdm's default, stderr, when ``None``).
+        process: the process that draws the bar (0), or ``None`` for every process.
+        running_mean: training entries averaged over the epoch, as in :class:`KerasBar`.
         exclude: entries left out, as in :class:`KerasBar`.
         **tqdm_kwargs: passed to ``tqdm`` (``desc``, ``ncols``, ``leave``...).
-
-    Use it like :class:`KerasBar`.
 
     Example:
         >>> import ciclo

@@ -90,33 +90,18 @@ class Watchdog(LoopCallbackBase):
     """Deadlines, in seconds, for each phase of the loop: when one passes, the job ends
     instead of hanging silently.
 
-    A thread watches the phase the outermost loop is in (marked by the loop itself: the
-    step, waiting for data, an evaluation, a checkpoint's blocking time) and since when.
-    Each phase has its own deadline: the first step, which compiles, and evaluations never
-    count against the step's. When a deadline passes, the watchdog
-
-    - prints every thread's Python stack (:mod:`faulthandler`) after a line naming the
-      phase, the step and the deadline (on stderr);
-    - writes the event to the loop's writers (``writer_logger``): ``watchdog/expired``,
-      the deadline that passed, at the step it was stuck at;
-    - ends the process with exit status 124 (as ``timeout`` does);
-    - with several processes, first publishes the fault through the loop's agreement, so
-      that every other process ends within ``fault_timeout`` with an error naming the stuck
-      one.
-
-    It is a callback like the others: spread it into ``tasks`` (``**ciclo.watchdog()``), or
-    give it in ``callbacks=`` of ``train_loop``. It is never called per step: only when the
-    loop starts and ends. It watches the run without being part of it: a checkpoint holds
-    nothing of it, so a resumed run may add a watchdog, or leave one out.
+    A thread watches the phase the outermost loop is in and since when. When a deadline
+    passes it prints every thread's stack (:mod:`faulthandler`) after a line naming the
+    phase, step and deadline, writes ``watchdog/expired`` to the loop's writers, tells the
+    other processes (which end within ``fault_timeout``) and exits with status 124. A
+    checkpoint holds nothing of it: a resumed run may add or leave out a watchdog.
 
     Args:
         step_timeout: a step (and the work queued for its end), after the first.
         first_step_timeout: the first step of the loop, with its compilation.
         evaluation_timeout: one evaluation (``inner_loop``, ``train_loop``'s test sets).
-        checkpoint_timeout: a checkpoint's blocking time (its copy to host memory, the wait
-            for the previous save, the last save at the loop's end).
-        data_timeout: waiting for a batch (with several processes, for the others at a round
-            of agreement too: keep it above ``fault_timeout``).
+        checkpoint_timeout: a checkpoint's blocking time (including the final save).
+        data_timeout: waiting for a batch or a round of agreement (above ``fault_timeout``).
 
     Each is seconds (a number > 0), or ``None`` to not watch that phase.
 
