@@ -361,7 +361,7 @@ class Checkpoint(LoopCallbackBase):
         snapshot = _format.snapshot(loop_state, host_copy=self._one_process)
         finite = _codec.all_finite(snapshot.items.get("state"))
         # Said now, not at the next start (a rollback_on_nan of this directory reports it).
-        if not finite and not _format.is_held(self.directory) and writes_here(OUTPUT_PROCESS):
+        if not finite and not _integrity.is_held(self.directory) and writes_here(OUTPUT_PROCESS):
             warnings.warn(_NOT_FINITE.format(step=step), RuntimeWarning, stacklevel=2)
         assert self._writer is not None
         try:

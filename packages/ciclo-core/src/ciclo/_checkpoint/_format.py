@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -80,38 +80,6 @@ def checkpoint_path(directory: str | os.PathLike[str]) -> str:
     return os.path.abspath(os.path.expanduser(text))
 
 
-#: By checkpoint directory, what must not be evicted yet: ``held(steps) -> [bool]`` for the
-#: steps on disk (``rollback_on_nan`` holds the pre-fault checkpoints it may still need).
-#: Written here only, through :func:`hold` and :func:`release`.
-_HELD: dict[str, Callable[[list[int]], list[bool]]] = {}
-
-
-def hold(path: str, held: Callable[[list[int]], list[bool]]) -> None:
-    """Keeps from ``keep``'s eviction the checkpoints of ``path`` that ``held`` says."""
-    _HELD[path] = held
-
-
-def release(path: str) -> None:
-    """Ends :func:`hold` of ``path``."""
-    _HELD.pop(path, None)
-
-
-def is_held(path: str) -> bool:
-    """Whether a :func:`hold` of ``path`` runs (a ``rollback_on_nan`` of that directory)."""
-    return path in _HELD
-
-
-class _Held:
-    """An orbax preservation policy: keeps what :func:`hold` holds for ``path``."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> list[bool]:
-        held = _HELD.get(self.path)
-        return [False] * len(checkpoints) if held is None else held([c.step for c in checkpoints])
-
-
 class _BestMonitored:
     """An orbax preservation policy: ``policy`` (a ``BestN``) applied to the checkpoints
     with a monitored value only; the others are left to the other policies."""
@@ -156,7 +124,7 @@ def open_writer(
         value = float(metrics.get("value", math.nan)) if isinstance(metrics, Mapping) else math.nan
         return worst if math.isnan(value) or not _integrity.finite_metrics(metrics) else value
 
-    kept: list[Any] = [_integrity.NewestFinite(), _Held(path)]
+    kept: list[Any] = [_integrity.NewestFinite(), _integrity.Held(path)]
     if monitor is None:
         kept.append(policies.LatestN(n=keep))
     else:

@@ -1,8 +1,9 @@
 """What ciclo trusts of a checkpoint directory. A step whose orbax files cannot be read is
 hidden from orbax (:class:`IntactSteps`) and a :class:`DamagedCheckpoint` when read; a
 non-finite state (its orbax metrics ``{"finite": false}``) never evicts the newest finite one
-(:class:`NewestFinite`); a resume or restore passes both over (:func:`newest`), and a resumed
-run sets aside, never deletes, those whose steps it writes again (:func:`set_aside`).
+(:class:`NewestFinite`), nor one a ``rollback_on_nan`` may still need (:func:`hold`); a
+resume or restore passes both over (:func:`newest`), and a resumed run sets aside, never
+deletes, those whose steps it writes again (:func:`set_aside`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,38 @@ class NewestFinite:
     def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> list[bool]:
         finite = [i for i, info in enumerate(checkpoints) if finite_metrics(info.metrics)]
         return [bool(finite) and i == finite[-1] for i in range(len(checkpoints))]
+
+
+#: By checkpoint directory, what must not be evicted yet: ``held(steps) -> [bool]`` for the
+#: steps on disk (``rollback_on_nan`` holds the pre-fault checkpoints it may still need).
+#: Written here only, through :func:`hold` and :func:`release`.
+_HELD: dict[str, Callable[[list[int]], list[bool]]] = {}
+
+
+def hold(path: str, held: Callable[[list[int]], list[bool]]) -> None:
+    """Keeps from ``keep``'s eviction the checkpoints of ``path`` that ``held`` says."""
+    _HELD[path] = held
+
+
+def release(path: str) -> None:
+    """Ends :func:`hold` of ``path``."""
+    _HELD.pop(path, None)
+
+
+def is_held(path: str) -> bool:
+    """Whether a :func:`hold` of ``path`` runs (a ``rollback_on_nan`` of that directory)."""
+    return path in _HELD
+
+
+class Held:
+    """An orbax preservation policy: keeps what :func:`hold` holds for ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> list[bool]:
+        held = _HELD.get(self.path)
+        return [False] * len(checkpoints) if held is None else held([c.step for c in checkpoints])
 
 
 def finite_metrics(metrics: Any) -> bool:

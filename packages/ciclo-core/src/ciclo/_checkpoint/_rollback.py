@@ -210,7 +210,7 @@ class RollbackOnNaN(LoopCallbackBase):
         self._window.clear()
         self._probe.reset()
         self._scanned_step = elapsed.steps
-        _format.hold(self.directory, self._held)
+        _integrity.hold(self.directory, self._held)
 
     def _held(self, steps: list[int]) -> list[bool]:
         """Which of the checkpoints ``steps`` ``keep`` must not evict yet: each one before
@@ -221,7 +221,7 @@ class RollbackOnNaN(LoopCallbackBase):
         return [b > self._scanned_step for b in steps[1:]] + [False]
 
     def __loop_end__(self, loop_state: LoopState, error: BaseException | None) -> None:
-        _format.release(self.directory)
+        _integrity.release(self.directory)
 
     def _checkpoint_in(self, loop_state: LoopState) -> Checkpoint:
         """The ``ciclo.checkpoint`` of the loop that writes :attr:`directory`."""
