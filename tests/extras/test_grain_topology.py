@@ -85,9 +85,8 @@ def test_a_per_process_grain_iterator_resumes_on_no_other_number_of_processes(tm
     assert [r["steps"] for r in first] == [6, 6]
     with pytest.raises(
         ValueError,
-        match=r"dataset state of 2 process\(es\), and this run has 1: the iterator of "
-        r"StatefulDataset keeps a position of its own on each process(.|\n)*Resume on 2 "
-        r"process\(es\)(.|\n)*grain\.experimental\.ElasticIterator",
+        match=r"dataset state of 2 process\(es\), this run has 1, and StatefulDataset keeps a "
+        r"position per process: resume on 2 process\(es\), .*grain\.experimental\.ElasticIterator",
     ):
         worker.train("per-process", tmp_path / "two", None)
     # restoring its state (not the data) on one process is fine

@@ -103,7 +103,7 @@ def resplit(dataset: Any, states: list[Any]) -> Any:
 _OTHER_COUNT = "the checkpoint holds the dataset state of {saved} process(es), this run has {now}"
 _PER_PROCESS_STATE = (
     _OTHER_COUNT + ", and {name} keeps a position per process: resume on {saved} process(es), "
-    "or feed a sequence of batches or Grain's ElasticIterator (docs/multihost.md)."
+    "or feed a sequence of batches or grain.experimental.ElasticIterator (docs/multihost.md)."
 )
 _STATES_DIFFER = (
     _OTHER_COUNT + ", and process {index} saved {other!r} but process 0 {first!r}, yet {name} "
