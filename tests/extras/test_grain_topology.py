@@ -105,5 +105,5 @@ def test_a_per_process_grain_iterator_resumes_on_no_other_number_of_processes(tm
     )
     assert codes == [1, 1], outputs
     for output in outputs:
-        assert "dataset state of 1 process(es), and this run has 2" in output
+        assert "dataset state of 1 process(es), this run has 2" in output
         assert "grain.experimental.ElasticIterator" in output
