@@ -29,7 +29,7 @@ ALLOWED = {
     "callbacks": {"_processes", "_time", "_records", "_loop", "_checkpoint"},
     "managed": {"_processes", "_plugins", "_records", "_loop"},
     "adapters": {"_plugins", "_records", "managed"},
-    "_weights": {"managed"},
+    "_weights": {"_processes", "managed"},
     "_loops": {"_processes", "_time", "_records", "_loop", "_checkpoint", "callbacks"},
     # the conformance suite runs loops and checkpoints on adapters: the top floor
     "testing": {

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import jax
 import jax.numpy as jnp
 
+from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from ..managed._ema import initial_ema_params
 from ..managed._state import ManagedState
 from ..managed._trainable import named_leaves
@@ -47,11 +48,14 @@ def _plan(
         raise ValueError(f"load_weights: {source!r} holds no {use!r} arrays.")
     targets = named_leaves(state.params)
     sources: dict[str, str] = {}  # the state's name: the source's
-    ignored = [name for name in opened.shapes if _rename(name, transform) is None]
+    ignored: list[str] = []  # the source's names that transform leaves out
     for name in opened.shapes:
-        if (new := _rename(name, transform)) in sources:
+        new = _rename(name, transform)
+        if new is None:
+            ignored.append(name)
+        elif new in sources:
             raise ValueError(f"load_weights: transform maps {sources[new]!r}, {name!r} to {new!r}.")
-        if new is not None:
+        else:
             sources[new] = name
     found: dict[str, list[str]] = {
         "missing": [t for t in targets if t not in sources],
@@ -160,7 +164,7 @@ def load_weights(
     """
     policies = {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
     plan, opened = _plan(state, source, transform, policies, use, step)
-    if jax.process_index() == 0:
+    if writes_here(OUTPUT_PROCESS):
         print(plan)
     targets = named_leaves(state.params)
     arrays = opened.read({plan.sources[n]: targets[n] for n in plan.loaded})
