@@ -27,7 +27,7 @@ ALLOWED = {
     "_loop": {"_processes", "_time", "_records"},
     "_checkpoint": {"_processes", "_plugins", "_time", "_records", "_loop"},
     "callbacks": {"_processes", "_time", "_records", "_loop", "_checkpoint"},
-    "managed": {"_processes", "_plugins", "_records", "_loop"},
+    "managed": {"_processes", "_plugins", "_time", "_records", "_loop"},
     "adapters": {"_plugins", "_records", "managed"},
     "_weights": {"_processes", "managed"},
     "_loops": {"_processes", "_time", "_records", "_loop", "_checkpoint", "callbacks"},

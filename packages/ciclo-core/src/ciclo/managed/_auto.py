@@ -19,6 +19,8 @@ from typing import Any
 
 import jax
 
+from .._time._phases import COMPILE_EVENTS
+
 __all__ = ["AutoFusion", "MAX_STEPS", "power_of_2_parts"]
 
 #: The largest K auto-fusion uses.
@@ -48,7 +50,7 @@ _listening: list[bool] = []
 
 
 def _count_compiles(event: str, duration_secs: float, **_: str | int) -> None:
-    if event.startswith("/jax/core/compile/"):
+    if event in COMPILE_EVENTS:  # the ledger's definition of compiling
         _compiling[0] += duration_secs
 
 
