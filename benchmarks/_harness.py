@@ -31,6 +31,36 @@ def parse_args(description: str) -> argparse.Namespace:
     return parser.parse_args()
 
 
+def alternate(
+    candidates: dict[str, Callable[[], Any]], repeats: int, *, warmup: int = 1
+) -> dict[str, list[float]]:
+    """``{label: [seconds of each round]}``: every candidate run ``warmup`` times (its
+    compiles), then once a round, in turn, for ``repeats`` rounds."""
+    for _ in range(warmup):
+        for fn in candidates.values():
+            fn()
+    times: dict[str, list[float]] = {label: [] for label in candidates}
+    for _ in range(repeats):
+        for label, fn in candidates.items():
+            start = time.perf_counter()
+            fn()
+            times[label].append(time.perf_counter() - start)
+    return times
+
+
+class NullFile:
+    """A file that drops what is written: a bar's ``file=`` when only its cost is timed."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
 def compare(
     benchmark: str,
     candidates: dict[str, Callable[[], Any]],
@@ -55,15 +85,7 @@ def compare(
             ratios and differences to the baseline's run of the same round, which cancel
             a shared machine's load drifting between rounds (else: of the medians).
     """
-    for _ in range(warmup):
-        for fn in candidates.values():
-            fn()
-    times: dict[str, list[float]] = {label: [] for label in candidates}
-    for _ in range(repeats):
-        for label, fn in candidates.items():
-            start = time.perf_counter()
-            fn()
-            times[label].append(time.perf_counter() - start)
+    times = alternate(candidates, repeats, warmup=warmup)
     baseline_label = next(iter(candidates))
     targets = {label: target for label in candidates if label != baseline_label}
     rows = summarize(benchmark, times, baseline=baseline_label, targets=targets, unit=unit, per=per)

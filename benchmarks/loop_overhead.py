@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _harness import compare, emit, parse_args
+from _harness import NullFile, compare, emit, parse_args
 
 import ciclo
 
@@ -232,18 +232,7 @@ def overhead_rows(
     return rows
 
 
-class _Null:
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
-
-
-_NULL = _Null()
+_NULL = NullFile()
 
 
 def main() -> None:

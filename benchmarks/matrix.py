@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _harness import NullFile, alternate
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "examples"))
@@ -57,17 +58,6 @@ TIME_PER_RUN = 0.3  # seconds of hand-written loop per run (each candidate, each
 
 def load() -> str:
     return "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
-
-
-class _Null:  # the bar's file
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return False
 
 
 # -- workloads ---------------------------------------------------------------------------
@@ -258,7 +248,7 @@ def row_candidates(name: str, kind: str, steps: int) -> dict[str, Callable[[], A
 
     def looped(s0):
         def run():
-            bar = ciclo.keras_bar(len(batches), file=_Null())
+            bar = ciclo.keras_bar(len(batches), file=NullFile())
             s, _, _ = ciclo.loop(s0, batches, {ciclo.every(1): [step, bar]})
             jax.block_until_ready(s)
 
@@ -280,18 +270,6 @@ def step_time(hand: Callable[[], Any], steps: int) -> float:
         hand()
         times.append(time.perf_counter() - start)
     return min(times) / steps
-
-
-def paired(runs: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
-    for fn in runs.values():
-        fn()  # warm up: compiles
-    times: dict[str, list[float]] = {label: [] for label in runs}
-    for _ in range(rounds):
-        for label, fn in runs.items():
-            start = time.perf_counter()
-            fn()
-            times[label].append(time.perf_counter() - start)
-    return times
 
 
 def row(workload: str, kind: str, setting: str, times: dict[str, list[float]], steps: int):
@@ -346,7 +324,7 @@ def single_process(args) -> list[dict[str, Any]]:
                         probe = row_candidates(name, kind, 100)["hand"]
                         steps = int(min(4000, max(200, TIME_PER_RUN / step_time(probe, 100))))
                     runs = row_candidates(name, kind, steps)
-                    out = row(name, kind, setting, paired(runs, args.rounds), steps)
+                    out = row(name, kind, setting, alternate(runs, args.rounds), steps)
                 rows.append(out)
                 print(format_row(out), flush=True)
     return rows
@@ -400,7 +378,7 @@ def _worker(process: int, port: int, options: dict[str, Any]) -> None:
 
         def looped(s0, step=step, batches=batches):
             def run():
-                bar = ciclo.keras_bar(len(batches), file=_Null())
+                bar = ciclo.keras_bar(len(batches), file=NullFile())
                 tasks = {ciclo.every(1): [step, bar], ciclo.every(time=0.05): lambda: None}
                 s, _, _ = ciclo.loop(s0, batches, tasks)
                 jax.block_until_ready(s.params)
@@ -411,7 +389,7 @@ def _worker(process: int, port: int, options: dict[str, Any]) -> None:
         auto = _auto_strategy("data-parallel")
         if auto is not None:
             runs["auto"] = looped(state.with_strategy(auto))
-        times = paired(runs, options["rounds2"])
+        times = alternate(runs, options["rounds2"])
         rows.append(row(name, "managed", "2 processes", times, steps))
     if process == 0:
         print("ROWS " + json.dumps(rows), flush=True)
