@@ -1,10 +1,9 @@
 """Where the loop's time over a hand-written loop goes, part by part: the hand-written loop
 with one of ciclo's per-step parts added at a time (keeping every step's logs alive, the
-in-flight bound waiting at each step, every few steps, or adapting to the device,
-``ciclo.elapse``, ``History.commit``), then ``ciclo.loop`` with 0, 1, 2 and 8 steps in
-flight (adapting on a CPU, every ``max_steps_in_flight`` steps on an accelerator); on the
-trivial step and on the MLP of ``loop_overhead.py``. On an accelerator, this is what tells a host
-sync from Python work.
+in-flight bound waiting at each step or every few steps, ``ciclo.elapse``,
+``History.commit``), then ``ciclo.loop`` with 0, 1, 2 and 8 steps in flight (a wait every
+``max_steps_in_flight`` steps); on the trivial step and on the MLP of ``loop_overhead.py``.
+On an accelerator, this is what tells a host sync from Python work.
 
     python benchmarks/overhead_parts.py            # 5000 trivial steps, 2000 MLP steps
     python benchmarks/overhead_parts.py --tiny
@@ -41,9 +40,9 @@ def candidates(state: Any, dataset: list, step: Callable) -> dict[str, Callable[
             kept.append(logs)
         jax.block_until_ready(s)
 
-    def bounded(limit: int, every: int | None, adaptive: bool = False) -> Callable[[], None]:
+    def bounded(limit: int, every: int | None) -> Callable[[], None]:
         def run() -> None:
-            s, in_flight = state, InFlight(limit, every, adaptive=adaptive)
+            s, in_flight = state, InFlight(limit, every)
             for batch in dataset:
                 logs, s = step(s, batch)
                 in_flight.push_tree(logs, s)
@@ -74,9 +73,8 @@ def candidates(state: Any, dataset: list, step: Callable) -> dict[str, Callable[
         "+ every step's logs kept alive": keeping_logs,
         "+ InFlight(1), a wait each step": bounded(1, 1),
         "+ InFlight(2), a wait each step": bounded(2, 1),
-        "+ InFlight(2), adapting to the device (the CPU's default)": bounded(2, None, True),
         "+ InFlight(2), a wait every 2 steps": bounded(2, 2),
-        "+ InFlight(8), a wait every 8 steps (an accelerator's default)": bounded(8, 8),
+        "+ InFlight(8), a wait every 8 steps (the default)": bounded(8, 8),
         "+ ciclo.elapse": elapsing(commit=False),
         "+ ciclo.elapse + History.commit": elapsing(commit=True),
         "ciclo.loop, max_steps_in_flight=0": looping(0),

@@ -412,32 +412,23 @@ def test_steps_in_flight_with_non_scalar_and_zero_logs(max_steps_in_flight):
     assert [v.tolist() for v in history.collect("v")] == [[float(i)] * 2 for i in range(5)]
 
 
-@pytest.mark.parametrize(
-    ("backend", "expected"),
-    [
-        ("cpu", [(2, 1, True), (3, 1, True)]),
-        ("gpu", [(8, 8, False), (3, 3, False)]),
-        ("tpu", [(8, 8, False), (3, 3, False)]),
-    ],
-)
-def test_steps_in_flight_default_to_2_adapting_on_a_cpu_and_8_on_an_accelerator(
-    monkeypatch, backend, expected
-):
+@pytest.mark.parametrize("backend", ["cpu", "gpu", "tpu"])
+def test_steps_in_flight_default_to_8_marked_every_8_steps_on_every_backend(monkeypatch, backend):
     from ciclo._loop import _engine
 
     made = []
 
     class Recorded(_engine.InFlight):
-        def __init__(self, limit, every=None, *, adaptive=False):
-            super().__init__(limit, every, adaptive=adaptive)
-            made.append((limit, self.every, self.probe > 0))
+        def __init__(self, limit, every=None):
+            super().__init__(limit, every)
+            made.append((limit, self.every))
 
     monkeypatch.setattr(_engine, "InFlight", Recorded)
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
     step = jax.jit(lambda state, batch: (ciclo.logs().add_loss("l", state), state + 1.0))
     ciclo.loop(jnp.zeros(()), ones(3), {ciclo.every(1): step})
     ciclo.loop(jnp.zeros(()), ones(3), {ciclo.every(1): step}, max_steps_in_flight=3)
-    assert made == expected
+    assert made == [(8, 8), (3, 3)]
 
 
 @pytest.mark.parametrize(("every", "kept"), [(1, [3, 4]), (2, [3]), (None, [3])])
@@ -452,62 +443,6 @@ def test_in_flight_keeps_the_marks_it_has_not_waited_for_yet(every, kept):
     # the mark made 2 steps before. The marks left are those not waited for.
     assert [int(mark) for mark in in_flight.marks] == kept
     assert all(mark is arrays[i] for mark, i in zip(in_flight.marks, kept, strict=True))
-
-
-class _Mark:
-    """A step's mark whose device work is done or not, recording the bound's calls."""
-
-    def __init__(self, done: bool, calls: list[str]) -> None:
-        self.done, self.calls = done, calls
-
-    def is_deleted(self) -> bool:
-        return False
-
-    def is_ready(self) -> bool:
-        self.calls.append("look")
-        return self.done
-
-    def block_until_ready(self) -> _Mark:
-        self.calls.append("wait")
-        return self
-
-
-def test_an_adaptive_bound_waits_each_step_while_behind_and_looks_every_limit_steps_else(
-    monkeypatch,
-):
-    from ciclo._loop import _in_flight
-    from ciclo._loop._in_flight import PROBE_EVERY, InFlight
-
-    monkeypatch.setattr(_in_flight, "first_array", lambda tree: tree)
-    calls: list[str] = []
-    in_flight = InFlight(4, adaptive=True)
-    assert in_flight.every == 1
-    # behind: a wait at every step (from the 5th on); the 16th wait looks first, and waits
-    for _ in range(4 + PROBE_EVERY):
-        in_flight.push_tree(_Mark(False, calls))
-    assert calls == ["wait"] * (PROBE_EVERY - 1) + ["look", "wait"]
-    assert (in_flight.every, len(in_flight.marks)) == (1, 4)
-    # caught up: the next look finds its mark done; from then on a look every 4 steps, and
-    # no wait while each mark looked at is done
-    calls.clear()
-    for _ in range(PROBE_EVERY + 12):
-        in_flight.push_tree(_Mark(True, calls))
-    assert calls == ["wait"] * (PROBE_EVERY - 1) + ["look"] + ["look"] * 3
-    assert (in_flight.every, len(in_flight.marks)) == (4, 1)
-    # behind again: at step 4 the look is at the last done mark; at step 8 it finds one not
-    # done and waits for it; then a wait at every step once 4 steps are queued again
-    calls.clear()
-    for _ in range(8 + 4 + 2):
-        in_flight.push_tree(_Mark(False, calls))
-    assert calls == ["look", "look", "wait"] + ["wait"] * 3
-    assert (in_flight.every, len(in_flight.marks)) == (1, 4)
-
-
-def test_an_adaptive_bound_refuses_an_every():
-    from ciclo._loop._in_flight import InFlight
-
-    with pytest.raises(ValueError, match=r"adaptive=True\) chooses its own `every`: pass none"):
-        InFlight(4, every=2, adaptive=True)
 
 
 def test_in_flight_marks_every_must_divide_the_limit():

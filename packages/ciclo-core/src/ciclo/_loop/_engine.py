@@ -25,7 +25,7 @@ from .._time._schedules import Schedule
 from ._callback import Callback
 from ._fusion import Group
 from ._hooks import steps_per_call
-from ._in_flight import InFlight, adapts_to_device
+from ._in_flight import InFlight
 from ._plan import TaskPlan
 from ._state import LoopState
 from ._step import run_callbacks, run_step
@@ -56,7 +56,7 @@ def run(
     by the outermost loop that holds it: each batch drawn and each step done is marked.
     """
     plan = TaskPlan(tasks)
-    in_flight = InFlight(max_steps_in_flight, adaptive=adapts_to_device())
+    in_flight = InFlight(max_steps_in_flight)
     fusing = any(
         callback.fusable and steps_per_call(callback.fn, loop_state) > 1
         for _, callbacks in tasks

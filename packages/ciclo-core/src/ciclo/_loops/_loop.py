@@ -25,7 +25,7 @@ from .._loop._agreed import AgreedDecisions
 from .._loop._arguments import check_arguments, check_dataset, checked_batch_size_fn
 from .._loop._engine import run
 from .._loop._hooks import PhaseWatcher, RestartHook, hook_owners
-from .._loop._in_flight import default_steps_in_flight
+from .._loop._in_flight import STEPS_IN_FLIGHT
 from .._loop._signals import exit_if_terminated, stop_gracefully_on
 from .._loop._state import LoopInputs, LoopState, record_ending
 from .._loop._step import commit, run_callbacks
@@ -85,13 +85,10 @@ def loop(
         elapsed: the count to continue from (what an earlier loop returned).
         batch_size_fn: ``batch -> int`` to count samples (leading dimension by default).
         metadata: free-form data exposed as ``loop_state.metadata``.
-        max_steps_in_flight: how many steps JAX may run ahead of Python (0: unbounded).
-            On an accelerator the loop marks a step every ``max_steps_in_flight`` steps
-            and waits for the mark before it, so at most twice as many are queued, and a
-            step pays a counter. On a CPU it does the same while the device keeps up, and
-            while the device is behind it waits after each step for the step that many
-            before it (Python and XLA share its cores: keeping in step with the device
-            is faster there). By default 2 on a CPU and 8 on an accelerator.
+        max_steps_in_flight: how many steps JAX may run ahead of Python (0: unbounded;
+            by default 8). The loop marks a step every ``max_steps_in_flight`` steps and
+            waits for the mark before it, so at most twice as many are queued, and a step
+            pays a counter.
         stop_signals: signals that end the loop gracefully: the current step finishes,
             a ``ciclo.checkpoint`` of the loop saves, ``on_end`` runs, then the loop
             returns after Ctrl-C (SIGINT), and the process exits with status
@@ -238,9 +235,7 @@ def loop(
         steps = counted(source)
         if decisions is not None:
             decisions.attach(steps)
-        steps_in_flight = (
-            default_steps_in_flight() if max_steps_in_flight is None else max_steps_in_flight
-        )
+        steps_in_flight = STEPS_IN_FLIGHT if max_steps_in_flight is None else max_steps_in_flight
         # 4. on_start (its logs are already in a resumed history).
         run_callbacks(start_callbacks, loop_state)
         if loop_state.resumed:

@@ -9,13 +9,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._loop._in_flight import InFlight
+from .._loop._in_flight import STEPS_IN_FLIGHT, InFlight
 from .._loop._state import LoopState
 from .._records._logs import Logs
 from .._time._elapsed import Elapsed, Period
 from ._named import moments
 from ._registry import Registry, check_no_hooks
-from ._test import EVALUATION_STEPS_IN_FLIGHT, run_batches
+from ._test import run_batches
 
 __all__ = ["predict_loop"]
 
@@ -77,7 +77,7 @@ def predict_loop(
         "predict_loop", moments("predict"), "on_predict_step", state, tasks, callbacks
     )
     registry.require_step("predict_step")
-    in_flight = InFlight(loop_kwargs.pop("max_steps_in_flight", EVALUATION_STEPS_IN_FLIGHT))
+    in_flight = InFlight(loop_kwargs.pop("max_steps_in_flight", STEPS_IN_FLIGHT))
     collected: dict[str, list[Any]] = {}
 
     def collect(loop_state: LoopState) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._loop._arguments import is_empty
-from .._loop._in_flight import InFlight
+from .._loop._in_flight import STEPS_IN_FLIGHT, InFlight
 from .._loop._state import DATA_ENDED, LoopState
 from .._records._aggregate import AggregationSpec, Aggregator
 from .._records._history import History
@@ -20,7 +20,6 @@ from ._named import moments
 from ._registry import Hook, Registry, check_no_hooks, loop_tasks
 
 __all__ = [
-    "EVALUATION_STEPS_IN_FLIGHT",
     "TEST_AGGREGATION",
     "evaluate_dataset",
     "run_batches",
@@ -35,11 +34,6 @@ TEST_AGGREGATION: dict[str, Any] = {
     "stateful_metrics": "last",
     "outputs": None,
 }
-
-#: How many evaluation (and prediction) steps may be queued ahead of Python by default.
-#: Measured in benchmarks/eval_loop.py: 2 (the training default) left the device idle and
-#: cost test_loop about 20% against a hand-written loop; 8 matched it.
-EVALUATION_STEPS_IN_FLIGHT = 8
 
 
 def run_batches(
@@ -109,9 +103,8 @@ def test_loop(
         stop: evaluate only this much of the dataset.
         batch_size_fn: ``batch -> int``, the weight of a batch (leading dimension by default).
         metadata: as in :func:`ciclo.loop`.
-        **loop_kwargs: passed on to :func:`ciclo.loop`; ``max_steps_in_flight`` defaults to 8
-            here, not 2: evaluation steps do not depend on each other, and a shallow queue
-            leaves the device idle between them.
+        **loop_kwargs: passed on to :func:`ciclo.loop`; ``max_steps_in_flight`` (8 by default)
+            bounds the evaluation steps queued ahead of Python.
 
     Returns:
         ``(state, logs, elapsed)``: the state after the last step, the aggregated logs, and
@@ -168,7 +161,7 @@ def evaluate_dataset(
         aggregator = Aggregator({**TEST_AGGREGATION, **(aggregation or {})})
     else:
         aggregator = Aggregator(aggregation)
-    in_flight = InFlight(loop_kwargs.pop("max_steps_in_flight", EVALUATION_STEPS_IN_FLIGHT))
+    in_flight = InFlight(loop_kwargs.pop("max_steps_in_flight", STEPS_IN_FLIGHT))
     result: list[Logs] = []
 
     def accumulate(loop_state: LoopState) -> None:
