@@ -54,9 +54,12 @@ class Clock:
         return self.now
 
 
-def drive(monkeypatch, seconds_per_step, dispatch_per_call, seconds=2.0, compile_every=0):
+def drive(
+    monkeypatch, seconds_per_step, dispatch_per_call, seconds=2.0, compile_every=0, pause_every=0
+):
     """Runs a controller on a fake loop: ``seconds_per_step(k)`` and ``dispatch_per_call(k)``
-    say what a step costs at K; returns the Ks it chose, group by group."""
+    say what a step costs at K; returns the Ks it chose, group by group. ``pause_every``
+    groups, 50 ms pass outside the step (every third time, a new loop starts at step 0)."""
     clock = Clock()
     monkeypatch.setattr(_auto.time, "perf_counter", clock)
     auto, loop_state = _auto.AutoFusion(), SimpleNamespace(batch=None, elapsed=None)
@@ -72,6 +75,9 @@ def drive(monkeypatch, seconds_per_step, dispatch_per_call, seconds=2.0, compile
         if compile_every and len(chosen) % compile_every == 0:  # 50 ms of compiling
             clock.now += 0.05
             _auto._count_compiles("/jax/core/compile/backend_compile_duration", 0.05)
+        if pause_every and len(chosen) % pause_every == 0:  # an evaluation, another loop
+            clock.now += 0.05
+            step = 0 if len(chosen) % (3 * pause_every) == 0 else step
     return chosen, auto
 
 
@@ -88,6 +94,13 @@ def test_time_spent_compiling_is_left_out(monkeypatch):
     # A compile in every window (a history's new stack shape...) would make each larger K
     # look slower; counted out through jax.monitoring, the choice is as without them.
     _, auto = drive(monkeypatch, lambda k: (40e-6 + 1e-6 * k) / k, lambda k: 40e-6, 30.0, 97)
+    assert auto.k == _auto.MAX_STEPS
+
+
+def test_time_outside_the_step_does_not_decide(monkeypatch):
+    # 50 ms of something else every 7 groups (an evaluation between groups, the time between
+    # two loops, a new loop counting from step 0): outliers the median passes over.
+    _, auto = drive(monkeypatch, lambda k: (40e-6 + 1e-6 * k) / k, lambda k: 40e-6, 30.0, 0, 7)
     assert auto.k == _auto.MAX_STEPS
 
 

@@ -1,19 +1,21 @@
 """``steps_per_call="auto"``: the loop picks how many steps of a managed step it fuses.
 
 A :class:`AutoFusion` per step and strategy measures, while the loop runs, the time per
-step and the share of it the host spends dispatching the step. While dispatch takes more
-than :data:`DISPATCH_SHARE` of the time, it doubles K (1, 2, 4, ... :data:`MAX_STEPS`); once
-dispatch no longer dominates, or :data:`MISSES` doublings in a row did not make a step at
-least ``1 - GAIN`` faster than the fastest K so far, it keeps that fastest K (and measures
-again from it every :data:`REPROBE_SECONDS`). A large step's dispatch is a small share from
-the first measurement, so it keeps K = 1 and never compiles a fused call. Groups cut short
-by a schedule run as calls of powers of 2 (:func:`power_of_2_parts`), so at most
-``log2(MAX_STEPS) + 1`` fused programs are compiled. With several processes, K stays 1:
-each process would measure its own, and their fused calls must match.
+step and the share of it the host spends dispatching the step (medians over groups). While
+dispatch takes more than :data:`DISPATCH_SHARE` of the time, it doubles K (1, 2, 4, ...
+:data:`MAX_STEPS`); once dispatch no longer dominates, or :data:`MISSES` doublings in a row
+did not make a step at least ``1 - GAIN`` faster than the fastest K so far, it keeps that
+fastest K (and measures again from it every :data:`REPROBE_SECONDS`). A large step's
+dispatch is a small share from the first measurement, so it keeps K = 1 and never compiles
+a fused call. Groups cut short by a schedule run as calls of powers of 2
+(:func:`power_of_2_parts`), so at most ``log2(MAX_STEPS) + 1`` fused programs are compiled.
+With several processes, K stays 1: each process would measure its own, and their fused
+calls must match.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
 
@@ -33,12 +35,12 @@ GAIN = 0.9
 #: Doublings in a row that may fail to pay before the fastest K is kept (a fused call
 #: costs more than a plain one, so K = 2 can be slower than 1 where 8 is faster).
 MISSES = 3
-#: A measurement spans at least this many seconds and :data:`WINDOW_CALLS` calls; each
-#: decision takes the fastest of :data:`WINDOWS` of them (a compile or a busy moment only
-#: ever slows a window down, so it does not decide).
-WINDOW_SECONDS = 0.02
-WINDOW_CALLS = 4
-WINDOWS = 3
+#: A decision takes the median of at least :data:`SAMPLES` groups (a group: from one K's
+#: call to the next, in steps of one loop), spanning at least :data:`DECISION_SECONDS`. A
+#: group during which JAX compiled is left out; one that ran something else too (an
+#: evaluation, the time between two loops) is an outlier the median passes over.
+SAMPLES = 9
+DECISION_SECONDS = 0.06
 #: A K kept is measured again after this many seconds (a busy moment may have chosen it).
 REPROBE_SECONDS = 10.0
 
@@ -80,17 +82,14 @@ class AutoFusion:
         "alone",
         "best",
         "best_k",
-        "compiled",
         "dispatch",
         "k",
-        "loop",
+        "last",
         "misses",
         "reprobe_at",
+        "samples",
         "settled",
-        "skip",
-        "start",
-        "start_steps",
-        "windows",
+        "span",
     )
 
     def __init__(self) -> None:
@@ -105,13 +104,12 @@ class AutoFusion:
         self.best, self.best_k = float("inf"), 1  # the fastest seconds per step, and its K
         self.misses = 0  # doublings since the best that did not pay
         self.reprobe_at = 0.0  # when a settled K is measured again
-        self.loop = 0  # id() of the loop whose steps are being measured
-        self.skip = 0  # groups to let pass before measuring (the first compiles)
-        self.start = 0.0
-        self.start_steps = 0
-        self.dispatch = 0.0  # seconds spent in the step's calls since start
-        self.compiled = 0.0  # _compiling[0] at start
-        self.windows: list[tuple[float, float]] = []  # (seconds per step, dispatch share)
+        self.last: tuple[float, int, float] | None = (
+            None  # the group's start: time, steps, compiling
+        )
+        self.dispatch = 0.0  # seconds spent in the step's calls since the group's start
+        self.samples: list[tuple[float, float]] = []  # (seconds per step, dispatch share)
+        self.span = 0.0  # the seconds the samples cover
 
     def steps(self, loop_state: Any) -> int:
         """K for the group starting at this step: the loop asks it at each group's start
@@ -126,25 +124,19 @@ class AutoFusion:
                 return self.k
             # measured again from this K: a busy moment may have decided (a large step
             # settles again at once, without compiling anything)
-            self.settled, self.best, self.misses, self.windows = False, float("inf"), 0, []
-            self.loop = 0
-        steps = loop_state.elapsed.steps
-        if id(loop_state) != self.loop:  # a new loop: its first step may compile
-            self.loop, self.skip = id(loop_state), 2
-        if self.skip:  # the measurement starts once the groups before it ran
-            self.skip -= 1
-            self.start, self.start_steps, self.dispatch = now, steps, 0.0
-            self.compiled = _compiling[0]
-            return self.k
-        span, count = now - self.start - (_compiling[0] - self.compiled), steps - self.start_steps
-        if span < WINDOW_SECONDS or count < WINDOW_CALLS * self.k:
-            return self.k
-        self.windows.append((span / count, self.dispatch / span))
-        self.start, self.start_steps, self.dispatch = now, steps, 0.0
-        self.compiled = _compiling[0]
-        if len(self.windows) == WINDOWS:
-            per_step, share = min(self.windows)
-            self.windows = []
+            self.settled, self.best, self.misses, self.last = False, float("inf"), 0, None
+        steps, compiled = loop_state.elapsed.steps, _compiling[0]
+        if self.last is not None:  # the group that just ended, unless it compiled
+            start, start_steps, start_compiled = self.last
+            span, count = now - start, steps - start_steps
+            if count > 0 and compiled == start_compiled:
+                self.samples.append((span / count, self.dispatch / span))
+                self.span += span
+        self.last, self.dispatch = (now, steps, compiled), 0.0
+        if len(self.samples) >= SAMPLES and self.span >= DECISION_SECONDS:
+            per_step = statistics.median(sample[0] for sample in self.samples)
+            share = statistics.median(sample[1] for sample in self.samples)
+            self.samples, self.span = [], 0.0
             self._decide(per_step, share)
         return self.k
 
@@ -158,7 +150,6 @@ class AutoFusion:
             self.reprobe_at = time.perf_counter() + REPROBE_SECONDS
         else:
             self.k *= 2
-            self.skip = 2  # the first group of the new K compiles it
 
     def timed(self, call: Any, *args: Any) -> Any:
         """``call(*args)``, its duration counted as dispatch (compiling left out)."""
