@@ -12,7 +12,8 @@ rounds (the two runs of a round share its load). Workloads (scikit-learn's digit
 
 each as a plain ``jax.jit`` step (its state a dict of params and optax state) and as a
 managed step (``ciclo.managed.train_step``; the hand loop calls it directly). Managed rows
-also run ``steps_per_call="auto"`` when this ciclo has it (its ratio to the same hand loop;
+also run ``steps_per_call="auto"`` when this ciclo has it (its ratio to the same hand loop,
+once its K has settled: each K it tries compiles once, in the first second or so of a run;
 on 2 processes auto keeps K = 1, so that row shows what its bookkeeping costs).
 
 Settings: one process (with whatever else the machine runs: quiet only on a quiet machine);
@@ -261,6 +262,28 @@ def row_candidates(name: str, kind: str, steps: int) -> dict[str, Callable[[], A
     return runs
 
 
+def warm_until_settled(run: Callable[[], Any], most: int = 40) -> None:
+    """Runs ``run`` (auto-fusion's loop) until two runs in a row compile nothing: auto's K
+    has settled (each K it tries compiles once); at most ``most`` runs."""
+    import jax
+
+    compiled = [0]
+
+    def count(event: str, duration: float, **_: Any) -> None:
+        if "compile" in event:
+            compiled[0] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    quiet = 0
+    for _ in range(most):
+        before = compiled[0]
+        run()
+        quiet = quiet + 1 if compiled[0] == before else 0
+        if quiet == 2:
+            break
+    jax.monitoring.unregister_event_duration_listener(count)
+
+
 def step_time(hand: Callable[[], Any], steps: int) -> float:
     """The hand loop's time per step (the least of 3 runs, after one to compile)."""
     hand()
@@ -324,6 +347,8 @@ def single_process(args) -> list[dict[str, Any]]:
                         probe = row_candidates(name, kind, 100)["hand"]
                         steps = int(min(4000, max(200, TIME_PER_RUN / step_time(probe, 100))))
                     runs = row_candidates(name, kind, steps)
+                    if "auto" in runs and not args.tiny:  # a long run's speed: K settled
+                        warm_until_settled(runs["auto"])
                     out = row(name, kind, setting, alternate(runs, args.rounds), steps)
                 rows.append(out)
                 print(format_row(out), flush=True)
@@ -349,7 +374,7 @@ def _worker(process: int, port: int, options: dict[str, Any]) -> None:
     rows = []
     for name, sizes in list(TWO_PROCESS.items())[: 1 if options["tiny"] else None]:
         batch_size = 16 if sizes[0] == 8 else 64
-        steps = 20 if options["tiny"] else (400 if sizes[0] == 8 else 100)
+        steps = 20 if options["tiny"] else (1000 if sizes[0] == 8 else 100)
         rng = np.random.default_rng(process)
         batches = [
             (
