@@ -259,29 +259,18 @@ def row_candidates(name: str, kind: str, steps: int) -> dict[str, Callable[[], A
     auto = _auto_strategy() if kind == "managed" else None
     if auto is not None:
         runs["auto"] = looped(state.with_strategy(auto))
+        # auto's controllers, one per strategy (ciclo/managed/_auto.py): K chosen when settled
+        runs["auto"].settled = lambda: all(c.settled for c in getattr(step, "_auto", {}).values())
     return runs
 
 
-def warm_until_settled(run: Callable[[], Any], most: int = 40) -> None:
-    """Runs ``run`` (auto-fusion's loop) until two runs in a row compile nothing: auto's K
-    has settled (each K it tries compiles once); at most ``most`` runs."""
-    import jax
-
-    compiled = [0]
-
-    def count(event: str, duration: float, **_: Any) -> None:
-        if "compile" in event:
-            compiled[0] += 1
-
-    jax.monitoring.register_event_duration_secs_listener(count)
-    quiet = 0
+def warm_until_settled(run: Callable[[], Any], settled: Callable[[], bool], most: int = 60) -> None:
+    """Runs ``run`` (auto-fusion's loop) until ``settled()`` (auto's K is chosen: each K it
+    tries compiles once, in the first second or so of a run); at most ``most`` runs."""
     for _ in range(most):
-        before = compiled[0]
         run()
-        quiet = quiet + 1 if compiled[0] == before else 0
-        if quiet == 2:
-            break
-    jax.monitoring.unregister_event_duration_listener(count)
+        if settled():
+            return
 
 
 def step_time(hand: Callable[[], Any], steps: int) -> float:
@@ -348,7 +337,7 @@ def single_process(args) -> list[dict[str, Any]]:
                         steps = int(min(4000, max(200, TIME_PER_RUN / step_time(probe, 100))))
                     runs = row_candidates(name, kind, steps)
                     if "auto" in runs and not args.tiny:  # a long run's speed: K settled
-                        warm_until_settled(runs["auto"])
+                        warm_until_settled(runs["auto"], runs["auto"].settled)
                     out = row(name, kind, setting, alternate(runs, args.rounds), steps)
                 rows.append(out)
                 print(format_row(out), flush=True)

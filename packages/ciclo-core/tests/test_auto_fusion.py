@@ -4,6 +4,7 @@ resume after a kill inside a group."""
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -59,7 +60,7 @@ def drive(
 ):
     """Runs a controller on a fake loop: ``seconds_per_step(k)`` and ``dispatch_per_call(k)``
     say what a step costs at K; returns the Ks it chose, group by group. ``pause_every``
-    groups, 50 ms pass outside the step (every third time, a new loop starts at step 0)."""
+    groups, 50 ms pass outside the step and a new loop starts at step 0."""
     clock = Clock()
     monkeypatch.setattr(_auto.time, "perf_counter", clock)
     auto, loop_state = _auto.AutoFusion(), SimpleNamespace(batch=None, elapsed=None)
@@ -76,8 +77,7 @@ def drive(
             clock.now += 0.05
             _auto._count_compiles("/jax/core/compile/backend_compile_duration", 0.05)
         if pause_every and len(chosen) % pause_every == 0:  # an evaluation, another loop
-            clock.now += 0.05
-            step = 0 if len(chosen) % (3 * pause_every) == 0 else step
+            clock.now, step = clock.now + 0.05, 0
     return chosen, auto
 
 
@@ -97,10 +97,10 @@ def test_time_spent_compiling_is_left_out(monkeypatch):
     assert auto.k == _auto.MAX_STEPS
 
 
-def test_time_outside_the_step_does_not_decide(monkeypatch):
-    # 50 ms of something else every 7 groups (an evaluation between groups, the time between
-    # two loops, a new loop counting from step 0): outliers the median passes over.
-    _, auto = drive(monkeypatch, lambda k: (40e-6 + 1e-6 * k) / k, lambda k: 40e-6, 30.0, 0, 7)
+def test_a_window_does_not_span_two_loops(monkeypatch):
+    # Loops of 600 groups (at K = 1, 24 ms: about one window), each 50 ms after the last
+    # and counting from step 0: no window spans two loops (nor the time between them).
+    _, auto = drive(monkeypatch, lambda k: (40e-6 + 1e-6 * k) / k, lambda k: 40e-6, 30.0, 0, 600)
     assert auto.k == _auto.MAX_STEPS
 
 
@@ -125,6 +125,18 @@ def test_fusing_stops_once_dispatch_no_longer_dominates(monkeypatch):
     assert auto.k == 16
     assert auto.settled
     assert max(chosen) == 16
+
+
+def test_a_k_whose_fused_steps_are_much_slower_is_never_tried_again(monkeypatch):
+    # Dispatch reads a little over 20% of a 1.5 ms step, but fused, the step takes 20 ms (a
+    # CNN's convolutions under XLA:CPU's loop): K = 2 is tried once, not at each new look.
+    chosen, auto = drive(
+        monkeypatch, lambda k: 1.5e-3 if k == 1 else 20e-3, lambda k: 0.35e-3, 40.0
+    )
+    trials = [k for k, before in itertools.pairwise([1, *chosen]) if k == 2 and before == 1]
+    assert len(trials) == 1
+    assert _auto.REPROBE_SECONDS * 3 < 40.0  # measured anew 3 times, each time at K = 1
+    assert (auto.k, auto.ceiling) == (1, 1)
 
 
 def test_a_large_step_keeps_k_1(monkeypatch):

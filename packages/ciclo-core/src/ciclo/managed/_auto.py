@@ -1,7 +1,8 @@
 """``steps_per_call="auto"``: the loop picks how many steps of a managed step it fuses.
 
 A :class:`AutoFusion` per step and strategy measures, while the loop runs, the time per
-step and the share of it the host spends dispatching the step (medians over groups). While
+step and the share of it the host spends dispatching the step (the fastest of a few
+windows). While
 dispatch takes more than :data:`DISPATCH_SHARE` of the time, it doubles K (1, 2, 4, ...
 :data:`MAX_STEPS`); once dispatch no longer dominates, or :data:`MISSES` doublings in a row
 did not make a step at least ``1 - GAIN`` faster than the fastest K so far, it keeps that
@@ -15,12 +16,12 @@ calls must match.
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any
 
 import jax
 
+from .._loop._in_flight import STEPS_IN_FLIGHT
 from .._time._phases import COMPILE_EVENTS
 
 __all__ = ["AutoFusion", "MAX_STEPS", "power_of_2_parts"]
@@ -35,12 +36,21 @@ GAIN = 0.9
 #: Doublings in a row that may fail to pay before the fastest K is kept (a fused call
 #: costs more than a plain one, so K = 2 can be slower than 1 where 8 is faster).
 MISSES = 3
-#: A decision takes the median of at least :data:`SAMPLES` groups (a group: from one K's
-#: call to the next, in steps of one loop), spanning at least :data:`DECISION_SECONDS`. A
-#: group during which JAX compiled is left out; one that ran something else too (an
-#: evaluation, the time between two loops) is an outlier the median passes over.
-SAMPLES = 9
-DECISION_SECONDS = 0.06
+#: A doubled K whose steps are this many times slower than the fastest K's is never tried
+#: again, not even when measured anew (XLA:CPU ran a small CNN's convolutions 13x slower
+#: under the fused call's loop: a structural cost, not a busy moment).
+SLOWER = 2.0
+#: A measurement (a window) spans at least this many seconds, :data:`WINDOW_CALLS` calls and
+#: two of the loop's in-flight periods (the host waits for the device once a period, so a
+#: shorter window would not see the device's time); each decision takes the fastest of
+#: :data:`WINDOWS` windows (something else that ran in a window, an evaluation between two
+#: groups, only ever slows it down, so it does not decide). Time JAX spent compiling is
+#: left out of a window; one whose loop ended (a new loop counts its steps afresh) starts
+#: again.
+WINDOW_SECONDS = 0.02
+WINDOW_CALLS = 4
+WINDOW_STEPS = 2 * STEPS_IN_FLIGHT
+WINDOWS = 3
 #: A K kept is measured again after this many seconds (a busy moment may have chosen it).
 REPROBE_SECONDS = 10.0
 
@@ -82,14 +92,16 @@ class AutoFusion:
         "alone",
         "best",
         "best_k",
+        "ceiling",
+        "compiled",
         "dispatch",
         "k",
-        "last",
         "misses",
         "reprobe_at",
-        "samples",
         "settled",
-        "span",
+        "start",
+        "start_steps",
+        "windows",
     )
 
     def __init__(self) -> None:
@@ -103,13 +115,13 @@ class AutoFusion:
         self.settled = False
         self.best, self.best_k = float("inf"), 1  # the fastest seconds per step, and its K
         self.misses = 0  # doublings since the best that did not pay
+        self.ceiling = MAX_STEPS  # the largest K to try
         self.reprobe_at = 0.0  # when a settled K is measured again
-        self.last: tuple[float, int, float] | None = (
-            None  # the group's start: time, steps, compiling
-        )
-        self.dispatch = 0.0  # seconds spent in the step's calls since the group's start
-        self.samples: list[tuple[float, float]] = []  # (seconds per step, dispatch share)
-        self.span = 0.0  # the seconds the samples cover
+        self.start: float | None = None  # the window's start (None: no window open)
+        self.start_steps = 0
+        self.compiled = 0.0  # _compiling[0] at the window's start
+        self.dispatch = 0.0  # seconds spent in the step's calls since the window's start
+        self.windows: list[tuple[float, float]] = []  # (seconds per step, dispatch share)
 
     def steps(self, loop_state: Any) -> int:
         """K for the group starting at this step: the loop asks it at each group's start
@@ -124,32 +136,38 @@ class AutoFusion:
                 return self.k
             # measured again from this K: a busy moment may have decided (a large step
             # settles again at once, without compiling anything)
-            self.settled, self.best, self.misses, self.last = False, float("inf"), 0, None
+            self.settled, self.best, self.misses, self.start = False, float("inf"), 0, None
         steps, compiled = loop_state.elapsed.steps, _compiling[0]
-        if self.last is not None:  # the group that just ended, unless it compiled
-            start, start_steps, start_compiled = self.last
-            span, count = now - start, steps - start_steps
-            if count > 0 and compiled == start_compiled:
-                self.samples.append((span / count, self.dispatch / span))
-                self.span += span
-        self.last, self.dispatch = (now, steps, compiled), 0.0
-        if len(self.samples) >= SAMPLES and self.span >= DECISION_SECONDS:
-            per_step = statistics.median(sample[0] for sample in self.samples)
-            share = statistics.median(sample[1] for sample in self.samples)
-            self.samples, self.span = [], 0.0
+        if self.start is None or steps <= self.start_steps:
+            self._open(now, steps, compiled)  # the first window, or a new loop's
+            return self.k
+        span, count = now - self.start - (compiled - self.compiled), steps - self.start_steps
+        if span < WINDOW_SECONDS or count < max(WINDOW_CALLS * self.k, WINDOW_STEPS):
+            return self.k
+        self.windows.append((span / count, self.dispatch / span))
+        self._open(now, steps, compiled)
+        if len(self.windows) == WINDOWS:
+            per_step, share = min(self.windows)
+            self.windows = []
             self._decide(per_step, share)
         return self.k
+
+    def _open(self, now: float, steps: int, compiled: float) -> None:
+        self.start, self.start_steps, self.compiled, self.dispatch = now, steps, compiled, 0.0
 
     def _decide(self, per_step: float, share: float) -> None:
         if per_step < GAIN * self.best:
             self.best, self.best_k, self.misses = per_step, self.k, 0
         else:
             self.misses += 1
-        if share <= DISPATCH_SHARE or self.k >= MAX_STEPS or self.misses == MISSES:
+            if per_step > SLOWER * self.best:  # fusing this far is slower by construction
+                self.ceiling = self.k // 2
+        if share <= DISPATCH_SHARE or self.k >= self.ceiling or self.misses == MISSES:
             self.k, self.settled = self.best_k, True
             self.reprobe_at = time.perf_counter() + REPROBE_SECONDS
         else:
             self.k *= 2
+            self.start = None  # the first group of the new K compiles it
 
     def timed(self, call: Any, *args: Any) -> Any:
         """``call(*args)``, its duration counted as dispatch (compiling left out)."""
