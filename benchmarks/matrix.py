@@ -477,11 +477,15 @@ def section(rows: list[dict[str, Any]], started: str, info: str) -> list[str]:
 
 
 def write_results(lines: list[str], path: Path) -> None:
-    """Replaces (or adds, before the notes) the matrix section of ``path``."""
+    """Replaces (or adds, before the notes) the matrix section of ``path``, up to its first
+    subsection (where earlier runs are kept)."""
     text = path.read_text().splitlines() if path.exists() else ["# Benchmark results", ""]
     if SECTION in text:
         start = text.index(SECTION)
-        end = next((i for i in range(start + 1, len(text)) if text[i].startswith("## ")), len(text))
+        end = next(  # up to the next section, or a subsection (earlier runs kept beside it)
+            (i for i in range(start + 1, len(text)) if text[i].startswith(("## ", "### "))),
+            len(text),
+        )
         text[start:end] = lines
     else:
         at = next((i for i, x in enumerate(text) if x.startswith("## Notes")), len(text))
