@@ -2,13 +2,12 @@
 
 A :class:`AutoFusion` per step and strategy measures, while the loop runs, the time per
 step and the share of it the host spends dispatching the step (the fastest of a few
-windows). While
-dispatch takes more than :data:`DISPATCH_SHARE` of the time, it doubles K (1, 2, 4, ...
-:data:`MAX_STEPS`); once dispatch no longer dominates, or :data:`MISSES` doublings in a row
-did not make a step at least ``1 - GAIN`` faster than the fastest K so far, it keeps that
-fastest K (and measures again from it every :data:`REPROBE_SECONDS`). A large step's
-dispatch is a small share from the first measurement, so it keeps K = 1 and never compiles
-a fused call. Groups cut short by a schedule run as calls of powers of 2
+windows). While dispatch takes more than :data:`DISPATCH_SHARE` of the time, it doubles K
+(1, 2, 4, ... :data:`MAX_STEPS`); once dispatch no longer dominates, or :data:`MISSES`
+doublings in a row did not make a step at least ``1 - GAIN`` faster than the fastest K so
+far, it keeps that fastest K (and measures again from it every :data:`REPROBE_SECONDS`). A
+large step's dispatch is a small share from the first measurement, so it keeps K = 1 and
+never compiles a fused call. Groups cut short by a schedule run as calls of powers of 2
 (:func:`power_of_2_parts`), so at most ``log2(MAX_STEPS) + 1`` fused programs are compiled.
 With several processes, K stays 1: each process would measure its own, and their fused
 calls must match.
