@@ -20,7 +20,6 @@ from typing import Any
 
 import jax
 
-from .._loop._in_flight import STEPS_IN_FLIGHT
 from .._time._phases import COMPILE_EVENTS
 
 __all__ = ["AutoFusion", "MAX_STEPS", "power_of_2_parts"]
@@ -48,7 +47,7 @@ SLOWER = 2.0
 #: again.
 WINDOW_SECONDS = 0.02
 WINDOW_CALLS = 4
-WINDOW_STEPS = 2 * STEPS_IN_FLIGHT
+WINDOW_STEPS = 16  # two periods of the loop's default bound (8: _loop/_in_flight.py)
 WINDOWS = 3
 #: A K kept is measured again after this many seconds (a busy moment may have chosen it).
 REPROBE_SECONDS = 10.0
