@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from _harness import NullFile, compare, emit, parse_args
+from _harness import NullFile, alternate, compare, emit, parse_args
 
 import ciclo
 
@@ -201,14 +201,7 @@ def overhead_rows(
 ) -> list[dict[str, Any]]:
     """Rows as :func:`_harness.compare` makes them (µs per step, ratio), whose ``overhead``
     is the median of the per-round differences to the hand-written run of the same round."""
-    for fn in runs.values():  # warm up (compiles, caches)
-        fn()
-    times: dict[str, list[float]] = {label: [] for label in runs}
-    for _ in range(repeats):
-        for label, fn in runs.items():
-            start = time.perf_counter()
-            fn()
-            times[label].append(time.perf_counter() - start)
+    times = alternate(runs, repeats)  # one warm-up run each (compiles, caches), then rounds
     scale = 1e6 / steps
     baseline = times[HAND_WRITTEN]
     rows = []
