@@ -13,8 +13,15 @@ import optax  # type: ignore[import-untyped]
 
 from ._sharding import key_path
 
-__all__ = ["keep_frozen", "masked_optimizer", "named_leaves", "param_name", "trainable_mask"]
-__all__ += ["trainable_part", "with_part"]
+__all__ = [
+    "keep_frozen",
+    "masked_optimizer",
+    "named_leaves",
+    "param_name",
+    "trainable_mask",
+    "trainable_part",
+    "with_part",
+]
 
 #: A mask over the leaves of ``params`` (``True``: trained), or ``None``: all are trained.
 Mask = tuple[bool, ...] | None
