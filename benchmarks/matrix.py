@@ -11,10 +11,11 @@ rounds (the two runs of a round share its load). Workloads (scikit-learn's digit
 - a CNN (two 3x3 convolutions, batch 64: a few ms);
 
 each as a plain ``jax.jit`` step (its state a dict of params and optax state) and as a
-managed step (``ciclo.managed.train_step``; the hand loop calls it directly). Managed rows
-also run ``steps_per_call="auto"`` when this ciclo has it (its ratio to the same hand loop,
-once its K has settled: each K it tries compiles once, in the first second or so of a run;
-on 2 processes auto keeps K = 1, so that row shows what its bookkeeping costs).
+managed step (``ciclo.managed.train_step``; the hand loop calls it directly). Each row
+also runs ``steps_per_call="auto"`` when this ciclo has it: managed rows under an "auto"
+strategy, plain rows as ``ciclo.fuse_steps(step)`` (its ratio to the same hand loop, once
+its K has settled: each K it tries compiles once, in the first second or so of a run; on 2
+processes auto keeps K = 1, so that row shows what its bookkeeping costs).
 
 Settings: one process (with whatever else the machine runs: quiet only on a quiet machine);
 one process while two other processes spin on both cores (the same load for both loops of
@@ -247,7 +248,7 @@ def row_candidates(name: str, kind: str, steps: int) -> dict[str, Callable[[], A
             _, s = step(s, batch)
         jax.block_until_ready(s)
 
-    def looped(s0):
+    def looped(s0, step):
         def run():
             bar = ciclo.keras_bar(len(batches), file=NullFile())
             s, _, _ = ciclo.loop(s0, batches, {ciclo.every(1): [step, bar]})
@@ -255,12 +256,16 @@ def row_candidates(name: str, kind: str, steps: int) -> dict[str, Callable[[], A
 
         return run
 
-    runs = {"hand": hand, "loop": looped(state)}
+    runs = {"hand": hand, "loop": looped(state, step)}
     auto = _auto_strategy() if kind == "managed" else None
     if auto is not None:
-        runs["auto"] = looped(state.with_strategy(auto))
+        runs["auto"] = looped(state.with_strategy(auto), step)
         # auto's controllers, one per strategy (ciclo/managed/_auto.py): K chosen when settled
         runs["auto"].settled = lambda: all(c.settled for c in getattr(step, "_auto", {}).values())
+    elif hasattr(ciclo, "fuse_steps"):  # the plain step, fused by ciclo.fuse_steps
+        fused = ciclo.fuse_steps(step, "auto")
+        runs["auto"] = looped(state, fused)
+        runs["auto"].settled = lambda: fused._auto.settled
     return runs
 
 

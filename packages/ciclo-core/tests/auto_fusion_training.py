@@ -1,6 +1,7 @@
-"""A managed training under ``steps_per_call="auto"`` with K forced to 8 (so that groups
-are known), checkpointed every 10 steps: run as a script, it kills itself (SIGKILL) when the
-loop draws ``kill_at``, a step inside a fused group (test_auto_fusion.py resumes it)."""
+"""A training under ``steps_per_call="auto"`` with K forced to 8 (so that groups are
+known), checkpointed every 10 steps: a managed step, or (``plain``) a hand-written
+``jax.jit`` step under ``ciclo.fuse_steps``. Run as a script, it kills itself (SIGKILL) when
+the loop draws ``kill_at``, a step inside a fused group (test_auto_fusion.py resumes it)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,15 @@ def train_step(state: Any, batch: Any) -> Any:
     return ciclo.logs().add_loss("loss", loss), state
 
 
+@jax.jit
+def plain_step(state: Any, batch: Any) -> Any:
+    x, y = batch
+    loss, grads = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(state["w"])
+    updates, opt_state = optax.adam(0.1).update(grads, state["opt"], state["w"])
+    state = {"w": optax.apply_updates(state["w"], updates), "opt": opt_state}
+    return ciclo.logs().add_loss("loss", loss), state
+
+
 def batches(kill_at: int | None = None) -> Iterator[Any]:
     rng = np.random.default_rng(0)
     for i in range(STEPS):
@@ -44,22 +54,33 @@ def batches(kill_at: int | None = None) -> Iterator[Any]:
         yield rng.normal(size=(8, 4)).astype(np.float32), rng.normal(size=8).astype(np.float32)
 
 
-def run(directory: str, *, kill_at: int | None = None, resume: bool = False) -> Any:
-    state = ManagedState.create(
-        params={"w": jnp.zeros(4)},
-        tx=optax.adam(0.1),
-        strategy=ciclo.managed.jit(steps_per_call="auto"),
-    )
-    tasks = {ciclo.every(1): train_step, ciclo.every(EVERY): ciclo.checkpoint(directory, keep=2)}
+def run(
+    directory: str, *, kill_at: int | None = None, resume: bool = False, plain: bool = False
+) -> Any:
+    if plain:
+        state: Any = {"w": jnp.zeros(4), "opt": optax.adam(0.1).init(jnp.zeros(4))}
+        step: Any = ciclo.fuse_steps(plain_step, "auto")
+    else:
+        state = ManagedState.create(
+            params={"w": jnp.zeros(4)},
+            tx=optax.adam(0.1),
+            strategy=ciclo.managed.jit(steps_per_call="auto"),
+        )
+        step = train_step
+    tasks = {ciclo.every(1): step, ciclo.every(EVERY): ciclo.checkpoint(directory, keep=2)}
     data = list(batches()) if resume else batches(kill_at)
     return ciclo.loop(state, data, tasks, stop=STEPS, resume=directory if resume else None)
 
 
 def fingerprint(state: Any, history: ciclo.History, elapsed: ciclo.Elapsed) -> dict[str, Any]:
+    if isinstance(state, dict):  # the plain step's
+        w, opt, step = state["w"], state["opt"], None
+    else:
+        w, opt, step = state.params["w"], state.opt_state, int(state.step)
     return {
-        "w": np.asarray(state.params["w"]).tobytes(),
-        "opt": [np.asarray(x).tobytes() for x in jax.tree.leaves(state.opt_state)],
-        "step": int(state.step),
+        "w": np.asarray(w).tobytes(),
+        "opt": [np.asarray(x).tobytes() for x in jax.tree.leaves(opt)],
+        "step": step,
         "steps": history.collect("steps"),
         "loss": np.asarray(history.collect("loss")).tobytes(),
         "elapsed": (elapsed.steps, elapsed.samples),
@@ -68,4 +89,4 @@ def fingerprint(state: Any, history: ciclo.History, elapsed: ciclo.Elapsed) -> d
 
 if __name__ == "__main__":
     force_k()
-    run(sys.argv[1], kill_at=int(sys.argv[2]))
+    run(sys.argv[1], kill_at=int(sys.argv[2]), plain=sys.argv[3:] == ["plain"])

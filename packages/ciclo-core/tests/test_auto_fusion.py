@@ -270,11 +270,13 @@ def test_a_batch_whose_dtype_changes_ends_a_fixed_k_group(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kill_at", [14, 23])  # inside the groups 11-18 and 21-28
-def test_a_kill_inside_an_auto_group_resumes_bit_identical(tmp_path, kill_at, monkeypatch):
+@pytest.mark.parametrize(
+    ("kill_at", "kind"), [(14, "managed"), (23, "managed"), (14, "plain")]
+)  # inside the groups 11-18 and 21-28; plain: a jax.jit step under ciclo.fuse_steps
+def test_a_kill_inside_an_auto_group_resumes_bit_identical(tmp_path, kill_at, kind, monkeypatch):
     directory = tmp_path / "run"
     run = subprocess.run(
-        [sys.executable, training.__file__, str(directory), str(kill_at)],
+        [sys.executable, training.__file__, str(directory), str(kill_at), kind],
         capture_output=True,
         text=True,
         timeout=300,
@@ -284,6 +286,7 @@ def test_a_kill_inside_an_auto_group_resumes_bit_identical(tmp_path, kill_at, mo
     assert any(p.name.isdigit() for p in directory.iterdir()), "no checkpoint before the kill"
     # groups of K in this process too; monkeypatch puts AutoFusion.steps back afterwards
     monkeypatch.setattr(_auto.AutoFusion, "steps", lambda self, loop_state: training.K)
-    resumed = training.fingerprint(*training.run(str(directory), resume=True))
-    reference = training.fingerprint(*training.run(str(tmp_path / "reference")))
+    plain = kind == "plain"
+    resumed = training.fingerprint(*training.run(str(directory), resume=True, plain=plain))
+    reference = training.fingerprint(*training.run(str(tmp_path / "reference"), plain=plain))
     assert resumed == reference

@@ -71,6 +71,7 @@ from .callbacks._progress import keras_bar, tqdm_bar
 from .callbacks._throughput import throughput
 from .callbacks._watchdog import watchdog
 from .callbacks._writers import writer_logger
+from .managed._fuse_steps import fuse_steps
 
 # fmt: off
 __all__ = [
@@ -85,6 +86,8 @@ __all__ = [
     "on_train_batch_begin", "on_train_batch_end", "on_test_begin", "on_test_end",
     "on_test_batch_begin", "on_test_batch_end", "on_predict_begin", "on_predict_end",
     "on_predict_batch_begin", "on_predict_batch_end",
+    # steps
+    "fuse_steps",
     # records
     "Logs", "logs", "History", "history",
     # what callbacks see and implement

@@ -4,7 +4,7 @@ and several steps fused into one ``lax.scan``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import jax
@@ -22,7 +22,7 @@ from ._precision import (
 from ._strategies import Strategy
 from ._trainable import trainable_mask, trainable_part, with_part
 
-__all__ = ["StepFunction", "step_body", "fuse"]
+__all__ = ["StepFunction", "step_body", "fuse", "run_in_parts"]
 
 #: ``fn(state, batch, broadcasts) -> (logs, state)``: a step's body, as compiled.
 StepFunction = Callable[..., tuple[Any, Any]]
@@ -108,11 +108,13 @@ def _gradients(
     return unscale_gradients(state, grads), merge_micro_logs(logs, rows), new_state
 
 
-def fuse(body: StepFunction) -> StepFunction:
+def fuse(body: StepFunction, *, last_row: bool = False) -> StepFunction:
     """``body(state, batch, broadcasts)`` as ``fused(state, batches, broadcasts)``: one
-    ``lax.scan`` over the stacked batches, returning the stacked logs and the last state."""
+    ``lax.scan`` over the stacked batches, returning the stacked logs and the last state;
+    ``last_row``: ``((stacked logs, the last row's), state)`` (a loop's group: a pair
+    first, so a strategy's output shardings for ``(logs, state)`` still apply)."""
 
-    def fused(state: Any, batches: tuple[Any, ...], broadcasts: Any) -> tuple[Logs, Any]:
+    def fused(state: Any, batches: tuple[Any, ...], broadcasts: Any) -> Any:
         stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *batches)
 
         def scan_step(state: Any, batch: Any) -> tuple[Any, Logs]:
@@ -120,9 +122,37 @@ def fuse(body: StepFunction) -> StepFunction:
             return state, logs
 
         state, logs = jax.lax.scan(scan_step, state, stacked)
+        if last_row:
+            return (logs, jax.tree.map(lambda x: x[-1], logs)), state
         return logs, state
 
     return fused
+
+
+def run_in_parts(
+    run: Callable[[Any, tuple[Any, ...]], Any], state: Any, batches: Sequence[Any], parts: list[int]
+) -> tuple[Logs, Any, Logs]:
+    """A loop's group as calls ``run(state, part) -> ((stacked logs, last row), state)``
+    of ``parts`` consecutive batches each (auto-fusion's: powers of 2, so few sizes
+    compile): ``(the logs joined along rows, the last state, the last row's logs)``.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> def run(state, part):
+        ...     rows = jnp.stack(part)
+        ...     return (rows, rows[-1]), state + len(part)
+        >>> logs, state, last = run_in_parts(run, 0, [1.0, 2.0, 3.0], [2, 1])
+        >>> logs.tolist(), state, float(last)
+        ([1.0, 2.0, 3.0], 3, 3.0)
+    """
+    stacked, start, last = [], 0, Logs()
+    for size in parts:
+        (logs, last), state = run(state, tuple(batches[start : start + size]))
+        stacked.append(logs)
+        start += size
+    if len(stacked) > 1:
+        stacked = [jax.tree.map(lambda *rows: jnp.concatenate(rows), *stacked)]
+    return stacked[0], state, last
 
 
 _NOT_DIVISIBLE = (

@@ -16,7 +16,7 @@ from .._loop._returns import NO_CHANGE, parse_return
 from .._loop._state import LoopState
 from .._records._logs import Logs
 from ._auto import AutoFusion, power_of_2_parts
-from ._compile import StepFunction, fuse, step_body
+from ._compile import StepFunction, fuse, run_in_parts, step_body
 from ._strategies import Strategy, identity
 
 __all__ = ["ManagedStep", "step", "train_step"]
@@ -152,7 +152,7 @@ class ManagedStep:
                 statics=statics,
             )
             if fused:
-                body = _with_last_row(fuse(body)) if fused == "last" else fuse(body)
+                body = fuse(body, last_row=fused == "last")
             compiled = self._compiled[key] = strategy.compile(body)
         return compiled
 
@@ -300,20 +300,15 @@ class ManagedStep:
         self, state: Any, batches: Sequence[Any], parts: list[int]
     ) -> tuple[Logs, Any, Logs]:
         """:meth:`many` for a loop's group (the group checked its batches' shapes), as
-        calls of ``parts`` batches (auto-fusion's: powers of 2, so few sizes compile) whose
-        logs are joined; with the last row's logs (taken in the last call)."""
+        calls of ``parts`` batches (:func:`~ciclo.managed._compile.run_in_parts`)."""
         strategy = self._strategy_of(state)
         run = self.compiled_for(strategy, fused="last", statics=self.statics)
         place, broadcasts = strategy.place_batch, strategy.place_broadcasts(self.broadcasts)
-        stacked, start = [], 0
-        for size in parts:
-            part = batches[start : start + size]
-            (logs, last), state = run(
-                state, tuple(part) if place is identity else tuple(map(place, part)), broadcasts
-            )
-            stacked.append(logs)
-            start += size
-        return (stacked[0] if len(stacked) == 1 else _join_rows(stacked)), state, last
+
+        def call(state: Any, part: tuple[Any, ...]) -> Any:
+            return run(state, part if place is identity else tuple(map(place, part)), broadcasts)
+
+        return run_in_parts(call, state, batches, parts)
 
     def __set_name__(self, owner: type, name: str) -> None:
         if self._defined_in is None:
@@ -405,23 +400,6 @@ class _BoundStep:
 
     def __loop_lower__(self, loop_state: LoopState) -> Any:
         return self.step.lower(loop_state.state, loop_state.batch)
-
-
-def _with_last_row(fused: StepFunction) -> StepFunction:
-    """``fused`` returning ``((stacked logs, last row's), state)`` (a pair first: a
-    strategy's output shardings for ``(logs, state)`` still apply)."""
-
-    def run(state: Any, batches: tuple[Any, ...], broadcasts: Any) -> Any:
-        logs, state = fused(state, batches, broadcasts)
-        return (logs, jax.tree.map(lambda x: x[-1], logs)), state
-
-    return run
-
-
-@jax.jit
-def _join_rows(stacked: list[Logs]) -> Logs:
-    """Stacked logs of consecutive calls, as one (rows along the first axis)."""
-    return jax.tree.map(lambda *rows: jax.numpy.concatenate(rows), *stacked)  # type: ignore[no-any-return]
 
 
 def _shapes(batch: Any) -> tuple[Any, list[tuple[int, ...]]]:
