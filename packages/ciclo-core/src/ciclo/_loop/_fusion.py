@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from .._records._logs import Logs
-from .._time._elapsed import Elapsed
+from .._time._elapsed import ARRAY_TYPE, Elapsed
 from ._callback import NO_CHANGE, Callback
 from ._in_flight import InFlight
 from ._state import LoopState
@@ -29,7 +29,7 @@ __all__ = ["Group"]
 def _batch_signature(batch: Any) -> tuple[Any, ...]:
     """What a group's batches share: shapes, dtypes and structure (an array's or a tuple's
     read without flattening, the common cases)."""
-    if isinstance(batch, np.ndarray | jax.Array):
+    if type(batch) is np.ndarray or type(batch) is ARRAY_TYPE or isinstance(batch, jax.Array):
         return batch.shape, batch.dtype
     if type(batch) is tuple:
         return (tuple, *map(_batch_signature, batch))
@@ -68,15 +68,18 @@ class Group:
     def add(self, elapsed: Elapsed, batch: Any, after: list[Callback]) -> None:
         self.elapsed.append(elapsed)
         self.batches.append(batch)
-        self.after = [c for c in after if not c.observer]
-        for callback in after:
-            if callback.observer and not any(callback is o for o in self.observers):
-                self.observers.append(callback)
+        if after:  # (else the group was open: nothing ran after it yet)
+            self.after = [c for c in after if not c.observer]
+            observers = self.observers
+            for callback in after:  # `in`: a Callback compares by identity
+                if callback.observer and callback not in observers:
+                    observers.append(callback)
 
     def is_complete(self, loop_state: LoopState) -> bool:
         """Whether the group must run now: a callback after the fused one fired, it holds
         K steps, or the loop stops."""
-        return bool(self.after) or len(self.batches) >= self.size or loop_state.stop_iteration
+        # loop_state._stop: the slot behind stop_iteration, read once per step of a group
+        return bool(self.after) or len(self.batches) >= self.size or loop_state._stop
 
     def run(self, loop_state: LoopState, in_flight: InFlight) -> None:
         """Runs the group's steps (one fused call) and commits them."""

@@ -220,20 +220,10 @@ class History:
         self.__dict__.update(state)
         self._set_elapsed(self._elapsed)
 
-    def _add_elapsed(self, elapsed: Elapsed) -> int:
-        add_steps, add_samples, add_time, add_date = self._elapsed_appends
-        add_steps(elapsed.steps)
-        add_samples(elapsed.samples)
-        add_time(elapsed.time)
-        add_date(elapsed.date)
-        row = self._num_rows
-        self._num_rows = row + 1
-        return row
-
     def commit(self, elapsed: Elapsed, logs: Mapping[str, Mapping[str, Any]] | None) -> None:
         """Adds one row: the ``elapsed`` fields and every log entry ``collection.name``."""
-        add_steps, add_samples, add_time, add_date = self._elapsed_appends  # _add_elapsed,
-        add_steps(elapsed.steps)  # inlined (once per step)
+        add_steps, add_samples, add_time, add_date = self._elapsed_appends
+        add_steps(elapsed.steps)
         add_samples(elapsed.samples)
         add_time(elapsed.time)
         add_date(elapsed.date)
@@ -283,8 +273,12 @@ class History:
                     _NOT_STACKED.format(entry=f"{collection}.{name}", shape=shape, count=count)
                 )
         first = self._num_rows
-        for e in elapsed:
-            self._add_elapsed(e)
+        columns = self._elapsed
+        columns["steps"].extend([e.steps for e in elapsed])
+        columns["samples"].extend([e.samples for e in elapsed])
+        columns["time"].extend([e.time for e in elapsed])
+        columns["date"].extend([e.date for e in elapsed])
+        self._num_rows = first + count
         if not self._num_pending:
             self._pending_since = _time.monotonic()
         for key, block in stacked:
