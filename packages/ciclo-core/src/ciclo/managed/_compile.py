@@ -150,9 +150,13 @@ def run_in_parts(
         (logs, last), state = run(state, tuple(batches[start : start + size]))
         stacked.append(logs)
         start += size
-    if len(stacked) > 1:
-        stacked = [jax.tree.map(lambda *rows: jnp.concatenate(rows), *stacked)]
-    return stacked[0], state, last
+    return (stacked[0] if len(stacked) == 1 else _join_rows(stacked)), state, last
+
+
+@jax.jit
+def _join_rows(stacked: list[Logs]) -> Logs:
+    """Stacked logs of consecutive calls, as one (rows along the first axis)."""
+    return jax.tree.map(lambda *rows: jnp.concatenate(rows), *stacked)  # type: ignore[no-any-return]
 
 
 _NOT_DIVISIBLE = (
