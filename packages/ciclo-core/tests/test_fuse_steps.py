@@ -65,9 +65,9 @@ def test_a_fixed_k_runs_groups_of_k_in_one_compiled_call(monkeypatch):
     sizes = []
     call = fused._fused
 
-    def counted(state, part, broadcasts):
+    def counted(state, part):
         sizes.append(len(part))
-        return call(state, part, broadcasts)
+        return call(state, part)
 
     monkeypatch.setattr(fused, "_fused", counted)
     ciclo.loop(start(), batches(10), {ciclo.every(1): fused})

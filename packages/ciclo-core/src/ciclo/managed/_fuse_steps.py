@@ -1,11 +1,6 @@
-"""``ciclo.fuse_steps``: a plain step that a loop runs several batches at a time.
-
-What ``steps_per_call`` does for a managed step, for any ``(state, batch) -> (logs,
-state)`` function (a ``jax.jit`` step written by hand): consecutive steps run as one
-compiled ``lax.scan`` (:func:`~ciclo.managed._compile.fuse`), grouped by the loop as for a
-managed step (``ciclo._loop._fusion``), with ``"auto"`` measured by the same controller
-(:mod:`ciclo.managed._auto`).
-"""
+"""``ciclo.fuse_steps``: what ``steps_per_call`` does for a managed step, for a plain
+``(state, batch) -> (logs, state)`` step: the same ``lax.scan`` (``_compile.fuse``), the
+same grouping by the loop (``ciclo._loop._fusion``) and the same controller (``_auto``)."""
 
 from __future__ import annotations
 
@@ -22,11 +17,6 @@ from ._compile import fuse, run_in_parts
 
 __all__ = ["FusedSteps", "fuse_steps"]
 
-_BAD_STEPS_PER_CALL = (
-    "fuse_steps(steps_per_call={value!r}): steps_per_call must be an int >= 1 (the steps "
-    'one call runs) or "auto" (the loop measures and picks it).'
-)
-
 
 class FusedSteps:
     """A step the loop runs up to ``steps_per_call`` batches at a time (see
@@ -40,17 +30,20 @@ class FusedSteps:
             )
         fixed = isinstance(steps_per_call, int) and not isinstance(steps_per_call, bool)
         if not (fixed and steps_per_call >= 1) and steps_per_call != "auto":  # type: ignore[operator]
-            raise ValueError(_BAD_STEPS_PER_CALL.format(value=steps_per_call))
+            raise ValueError(
+                f"fuse_steps(steps_per_call={steps_per_call!r}): steps_per_call must be an int "
+                '>= 1 (the steps one call runs) or "auto" (the loop measures and picks it).'
+            )
         self.step, self.steps_per_call = step, steps_per_call
         self.__name__ = getattr(step, "__name__", type(step).__name__)
-        self.__qualname__ = getattr(step, "__qualname__", self.__name__)
         self._auto = AutoFusion() if steps_per_call == "auto" else None
 
         def body(state: Any, batch: Any, _: Any) -> tuple[Logs, Any]:
             logs, new_state = parse_return(step(state, batch), f"fuse_steps({self.__name__})")
             return (logs or Logs()), (state if new_state is NO_CHANGE else new_state)
 
-        self._fused = jax.jit(fuse(body, last_row=True))
+        fused = fuse(body, last_row=True)
+        self._fused = jax.jit(lambda state, batches: fused(state, batches, None))
 
     def __call__(self, state: Any, batch: Any) -> Any:
         return self.step(state, batch)
@@ -71,13 +64,10 @@ class FusedSteps:
     def __loop_callback_many__(
         self, loop_state: LoopState, batches: Sequence[Any]
     ) -> tuple[Logs, Any, Logs]:
-        def call(state: Any, part: tuple[Any, ...]) -> Any:
-            return self._fused(state, part, None)
-
         if self._auto is None:  # a fixed K: one call
-            return run_in_parts(call, loop_state.state, batches, [len(batches)])
+            return run_in_parts(self._fused, loop_state.state, batches, [len(batches)])
         parts = power_of_2_parts(len(batches))
-        return self._auto.timed(run_in_parts, call, loop_state.state, batches, parts)  # type: ignore[no-any-return]
+        return self._auto.timed(run_in_parts, self._fused, loop_state.state, batches, parts)  # type: ignore[no-any-return]
 
     def __loop_lower__(self, loop_state: LoopState) -> Any:
         lower = getattr(self.step, "lower", None)  # a jax.jit step; else nothing to lower
@@ -87,15 +77,13 @@ class FusedSteps:
 def fuse_steps(step: Callable[[Any, Any], Any], steps_per_call: int | str = "auto") -> FusedSteps:
     """``step(state, batch) -> (logs, state)``, a plain function such as a ``jax.jit``
     step, as a loop callback that runs up to ``steps_per_call`` consecutive batches in one
-    compiled call (a ``lax.scan`` of ``step``): what a managed step's ``steps_per_call``
-    does, for a step written by hand.
+    compiled call (a ``lax.scan`` of ``step``), as a managed step's ``steps_per_call`` does.
 
     Every step is still recorded, and schedules fire on the steps they name (see
     :func:`ciclo.loop` on fused steps). ``"auto"`` (the default) measures while the loop
-    runs and fuses as many steps as pay: a step whose dispatch dominates its time (under
-    ~1 ms on a CPU) runs several per call, a large one stays at one and compiles nothing
-    more. ``step`` must be a function of its arguments only, as under ``jax.jit``: fused,
-    it is traced once per group size. Batches of another shape end a group.
+    runs and fuses as many steps as pay (a large step stays at one and compiles nothing
+    more). ``step`` must depend on its arguments only, as under ``jax.jit``: fused, it is
+    traced once per group size. Batches of another shape end a group.
 
     Example:
         >>> import ciclo, jax, numpy as np
