@@ -56,11 +56,18 @@ class Clock:
 
 
 def drive(
-    monkeypatch, seconds_per_step, dispatch_per_call, seconds=2.0, compile_every=0, pause_every=0
+    monkeypatch,
+    seconds_per_step,
+    dispatch_per_call,
+    seconds=2.0,
+    compile_every=0,
+    pause_every=0,
+    loop_steps=0,
 ):
     """Runs a controller on a fake loop: ``seconds_per_step(k)`` and ``dispatch_per_call(k)``
     say what a step costs at K; returns the Ks it chose, group by group. ``pause_every``
-    groups, 50 ms pass outside the step and a new loop starts at step 0."""
+    groups, or once ``loop_steps`` steps ran, 50 ms pass outside the step and a new loop
+    starts at step 0."""
     clock = Clock()
     monkeypatch.setattr(_auto.time, "perf_counter", clock)
     auto, loop_state = _auto.AutoFusion(), SimpleNamespace(batch=None, elapsed=None)
@@ -76,8 +83,8 @@ def drive(
         if compile_every and len(chosen) % compile_every == 0:  # 50 ms of compiling
             clock.now += 0.05
             _auto._count_compiles("/jax/core/compile/backend_compile_duration", 0.05)
-        if pause_every and len(chosen) % pause_every == 0:  # an evaluation, another loop
-            clock.now, step = clock.now + 0.05, 0
+        if (pause_every and len(chosen) % pause_every == 0) or (loop_steps and step >= loop_steps):
+            clock.now, step = clock.now + 0.05, 0  # an evaluation, another loop
     return chosen, auto
 
 
@@ -102,6 +109,18 @@ def test_a_window_does_not_span_two_loops(monkeypatch):
     # and counting from step 0: no window spans two loops (nor the time between them).
     _, auto = drive(monkeypatch, lambda k: (40e-6 + 1e-6 * k) / k, lambda k: 40e-6, 30.0, 0, 600)
     assert auto.k == _auto.MAX_STEPS
+
+
+@pytest.mark.parametrize("loop_steps", [56, 200])
+def test_loops_shorter_than_a_window_are_measured(monkeypatch, loop_steps):
+    # Loops of 56 steps (an epoch of digits in batches of 32) or 200, each 50 ms after the
+    # last: at K = 1 a loop lasts 2-8 ms, under a window's 20 ms, and at K = 64 it holds
+    # fewer than a window's 4 calls. Each loop closes its window at its last group's start.
+    _, auto = drive(
+        monkeypatch, lambda k: (40e-6 + 1e-6 * k) / k, lambda k: 40e-6, 60.0, 0, 0, loop_steps
+    )
+    assert auto.settled
+    assert auto.k >= 32
 
 
 def test_a_k_kept_in_a_busy_moment_is_measured_again(monkeypatch):

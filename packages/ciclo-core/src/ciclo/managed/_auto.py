@@ -5,7 +5,8 @@ step and the share of it the host spends dispatching the step (the fastest of a 
 windows). While dispatch takes more than :data:`DISPATCH_SHARE` of the time, it doubles K
 (1, 2, 4, ... :data:`MAX_STEPS`); once dispatch no longer dominates, or :data:`MISSES`
 doublings in a row did not make a step at least ``1 - GAIN`` faster than the fastest K so
-far, it keeps that fastest K (and measures again from it every :data:`REPROBE_SECONDS`). A
+far, or a whole loop is too short to measure the next K, it keeps that fastest K (and
+measures again from it every :data:`REPROBE_SECONDS`). A
 large step's dispatch is a small share from the first measurement, so it keeps K = 1 and
 never compiles a fused call. Groups cut short by a schedule run as calls of powers of 2
 (:func:`power_of_2_parts`), so at most ``log2(MAX_STEPS) + 1`` fused programs are compiled.
@@ -43,8 +44,9 @@ SLOWER = 2.0
 #: shorter window would not see the device's time); each decision takes the fastest of
 #: :data:`WINDOWS` windows (something else that ran in a window, an evaluation between two
 #: groups, only ever slows it down, so it does not decide). Time JAX spent compiling is
-#: left out of a window; one whose loop ended (a new loop counts its steps afresh) starts
-#: again.
+#: left out of a window; a loop that ends inside one (a new loop counts its steps afresh)
+#: closes it at its last group's start, if it holds :data:`WINDOW_STEPS` steps by then (so
+#: loops shorter than a window, a few hundred fast steps each, are measured too).
 WINDOW_SECONDS = 0.02
 WINDOW_CALLS = 4
 WINDOW_STEPS = 16  # two periods of the loop's default bound (8: _loop/_in_flight.py)
@@ -93,9 +95,11 @@ class AutoFusion:
         "ceiling",
         "compiled",
         "dispatch",
+        "first_steps",
         "k",
         "misses",
         "reprobe_at",
+        "seen",
         "settled",
         "start",
         "start_steps",
@@ -119,6 +123,9 @@ class AutoFusion:
         self.start_steps = 0
         self.compiled = 0.0  # _compiling[0] at the window's start
         self.dispatch = 0.0  # seconds spent in the step's calls since the window's start
+        # (now, steps, compiled, dispatch) at the last group start: a loop's end closes there
+        self.seen: tuple[float, int, float, float] = (0.0, 0, 0.0, 0.0)
+        self.first_steps = -1  # the step at which the loop now running asked first
         self.windows: list[tuple[float, float]] = []  # (seconds per step, dispatch share)
 
     def steps(self, loop_state: Any) -> int:
@@ -136,22 +143,39 @@ class AutoFusion:
             # settles again at once, without compiling anything)
             self.settled, self.best, self.misses, self.start = False, float("inf"), 0, None
         steps, compiled = loop_state.elapsed.steps, _compiling[0]
+        if self.first_steps < 0:
+            self.first_steps = steps
         if self.start is None or steps <= self.start_steps:
+            if self.start is not None:  # a new loop: the last one's groups but its last
+                if self.seen[1] - self.start_steps >= WINDOW_STEPS:
+                    self._close(*self.seen)
+                elif self.start_steps == self.first_steps and self.best < float("inf"):
+                    self._settle()  # a whole loop is too short to measure this K
+                self.first_steps = steps
             self._open(now, steps, compiled)  # the first window, or a new loop's
             return self.k
         span, count = now - self.start - (compiled - self.compiled), steps - self.start_steps
         if span < WINDOW_SECONDS or count < max(WINDOW_CALLS * self.k, WINDOW_STEPS):
+            self.seen = (now, steps, compiled, self.dispatch)
             return self.k
-        self.windows.append((span / count, self.dispatch / span))
+        self._close(now, steps, compiled, self.dispatch)
         self._open(now, steps, compiled)
-        if len(self.windows) == WINDOWS:
-            per_step, share = min(self.windows)
-            self.windows = []
-            self._decide(per_step, share)
         return self.k
 
     def _open(self, now: float, steps: int, compiled: float) -> None:
         self.start, self.start_steps, self.compiled, self.dispatch = now, steps, compiled, 0.0
+        self.seen = (now, steps, compiled, 0.0)
+
+    def _close(self, now: float, steps: int, compiled: float, dispatch: float) -> None:
+        """Ends the window at a group's start (``now``): every group before it has run."""
+        span = now - self.start - (compiled - self.compiled)  # type: ignore[operator]
+        if span <= 0:  # all of it compiling
+            return
+        self.windows.append((span / (steps - self.start_steps), dispatch / span))
+        if len(self.windows) == WINDOWS:
+            per_step, share = min(self.windows)
+            self.windows = []
+            self._decide(per_step, share)
 
     def _decide(self, per_step: float, share: float) -> None:
         if per_step < GAIN * self.best:
@@ -161,11 +185,14 @@ class AutoFusion:
             if per_step > SLOWER * self.best:  # fusing this far is slower by construction
                 self.ceiling = self.k // 2
         if share <= DISPATCH_SHARE or self.k >= self.ceiling or self.misses == MISSES:
-            self.k, self.settled = self.best_k, True
-            self.reprobe_at = time.perf_counter() + REPROBE_SECONDS
+            self._settle()
         else:
             self.k *= 2
             self.start = None  # the first group of the new K compiles it
+
+    def _settle(self) -> None:
+        self.k, self.settled = self.best_k, True
+        self.reprobe_at = time.perf_counter() + REPROBE_SECONDS
 
     def timed(self, call: Any, *args: Any) -> Any:
         """``call(*args)``, its duration counted as dispatch (compiling left out)."""
