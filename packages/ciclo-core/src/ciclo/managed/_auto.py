@@ -1,4 +1,5 @@
-"""``steps_per_call="auto"``: the loop picks how many steps of a managed step it fuses.
+"""``steps_per_call="auto"``: the loop picks how many steps of a managed step (or of a
+``ciclo.fuse_steps`` step) it fuses.
 
 A :class:`AutoFusion` per step and strategy measures, while the loop runs, the time per
 step and the share of it the host spends dispatching the step (the fastest of a few
@@ -6,12 +7,11 @@ windows). While dispatch takes more than :data:`DISPATCH_SHARE` of the time, it 
 (1, 2, 4, ... :data:`MAX_STEPS`); once dispatch no longer dominates, or :data:`MISSES`
 doublings in a row did not make a step at least ``1 - GAIN`` faster than the fastest K so
 far, or a whole loop is too short to measure the next K, it keeps that fastest K (and
-measures again from it every :data:`REPROBE_SECONDS`). A
-large step's dispatch is a small share from the first measurement, so it keeps K = 1 and
-never compiles a fused call. Groups cut short by a schedule run as calls of powers of 2
-(:func:`power_of_2_parts`), so at most ``log2(MAX_STEPS) + 1`` fused programs are compiled.
-With several processes, K stays 1: each process would measure its own, and their fused
-calls must match.
+measures again from it every :data:`REPROBE_SECONDS`). A large step's dispatch is a small
+share from the first measurement, so it keeps K = 1 and never compiles a fused call.
+Groups cut short by a schedule run as calls of powers of 2 (:func:`power_of_2_parts`), so
+at most ``log2(MAX_STEPS) + 1`` fused programs are compiled. With several processes, K
+stays 1: each process would measure its own, and their fused calls must match.
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ class AutoFusion:
             self.start = None  # the first group of the new K compiles it
 
     def _settle(self) -> None:
-        self.k, self.settled = self.best_k, True
+        self.k, self.settled, self.windows = self.best_k, True, []
         self.reprobe_at = time.perf_counter() + REPROBE_SECONDS
 
     def timed(self, call: Any, *args: Any) -> Any:
