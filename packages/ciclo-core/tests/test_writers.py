@@ -275,7 +275,10 @@ def test_throughput_is_within_10_percent_of_the_pace_measured_outside_the_loop()
     def step(state, batch):
         return state @ x / 384.0
 
-    steps, state = 150, jnp.eye(384)
+    # The meter reads the host's pace, which runs ahead of the device by up to the loop's
+    # bound on steps in flight (8 + 8): over 600 steps that is under 3% (over 150 it was
+    # 10%, the whole tolerance, since the bound on a CPU went from 2 to 8).
+    steps, state = 600, jnp.eye(384)
     jax.block_until_ready(step(state, None))  # compiled before either measure
     ratios = []
     for _ in range(3):  # the best of three: a shared machine is noisy
@@ -286,7 +289,7 @@ def test_throughput_is_within_10_percent_of_the_pace_measured_outside_the_loop()
         )
         jax.block_until_ready(final)  # outside: the wall clock of the whole run, device included
         outside = (steps + 1) / (time.perf_counter() - start)
-        (inside,) = history.collect("steps_per_second")  # steps 0 to 150, read on the host
+        (inside,) = history.collect("steps_per_second")  # steps 0 to 600, read on the host
         ratios.append(inside / outside)
         samples = history.collect("samples_per_second")
     assert min(ratios, key=lambda r: abs(r - 1)) == pytest.approx(1.0, abs=0.10), ratios
