@@ -273,11 +273,8 @@ class History:
                     _NOT_STACKED.format(entry=f"{collection}.{name}", shape=shape, count=count)
                 )
         first = self._num_rows
-        columns = self._elapsed
-        columns["steps"].extend([e.steps for e in elapsed])
-        columns["samples"].extend([e.samples for e in elapsed])
-        columns["time"].extend([e.time for e in elapsed])
-        columns["date"].extend([e.date for e in elapsed])
+        for field in _ELAPSED_FIELDS:
+            self._elapsed[field].extend([getattr(e, field) for e in elapsed])
         self._num_rows = first + count
         if not self._num_pending:
             self._pending_since = _time.monotonic()
