@@ -19,7 +19,7 @@ import ciclo
 from ciclo._loop import _fusion
 from ciclo._loop._callback import Callback
 from ciclo._records._logs import Logs
-from ciclo.managed import _auto, _step
+from ciclo.managed import _auto, _compile
 
 sys.path.insert(0, str(Path(__file__).parent))
 import auto_fusion_training as training
@@ -190,13 +190,13 @@ class Spy:
 
     def __init__(self, monkeypatch):
         self.groups = []
-        parts = _step.power_of_2_parts
+        parts = _compile.power_of_2_parts
 
         def spy(count):
             self.groups.extend(parts(count))
             return parts(count)
 
-        monkeypatch.setattr(_step, "power_of_2_parts", spy)
+        monkeypatch.setattr(_compile, "power_of_2_parts", spy)
 
 
 def test_with_several_processes_auto_keeps_k_1(monkeypatch):

@@ -150,13 +150,13 @@ class Spy:
 
     def __init__(self, monkeypatch):
         self.groups = []
-        many = ciclo.managed.ManagedStep._many_in_parts  # the loop's many()
+        many = ciclo.managed.ManagedStep.__loop_callback_many__  # the loop's many()
 
-        def spy(step, state, batches, parts):
+        def spy(step, loop_state, batches):
             self.groups.append(len(batches))
-            return many(step, state, batches, parts)
+            return many(step, loop_state, batches)
 
-        monkeypatch.setattr(ciclo.managed.ManagedStep, "_many_in_parts", spy)
+        monkeypatch.setattr(ciclo.managed.ManagedStep, "__loop_callback_many__", spy)
 
 
 def train_tasks():

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from .._records._aggregate import merge_micro_logs
 from .._records._logs import PARAMS_FINITE, Logs
+from ._auto import AutoFusion, power_of_2_parts
 from ._precision import (
     all_finite,
     apply_scaled_gradients,
@@ -22,7 +23,7 @@ from ._precision import (
 from ._strategies import Strategy
 from ._trainable import trainable_mask, trainable_part, with_part
 
-__all__ = ["StepFunction", "step_body", "fuse", "run_in_parts"]
+__all__ = ["StepFunction", "step_body", "fuse", "run_group"]
 
 #: ``fn(state, batch, broadcasts) -> (logs, state)``: a step's body, as compiled.
 StepFunction = Callable[..., tuple[Any, Any]]
@@ -129,22 +130,34 @@ def fuse(body: StepFunction, *, last_row: bool = False) -> StepFunction:
     return fused
 
 
-def run_in_parts(
-    run: Callable[[Any, tuple[Any, ...]], Any], state: Any, batches: Sequence[Any], parts: list[int]
+def run_group(
+    run: Callable[[Any, tuple[Any, ...]], Any],
+    state: Any,
+    batches: Sequence[Any],
+    auto: AutoFusion | None,
 ) -> tuple[Logs, Any, Logs]:
-    """A loop's group as calls ``run(state, part) -> ((stacked logs, last row), state)``
-    of ``parts`` consecutive batches each (auto-fusion's: powers of 2, so few sizes
-    compile): ``(the logs joined along rows, the last state, the last row's logs)``.
+    """A loop's group as calls ``run(state, part) -> ((stacked logs, last row), state)``:
+    one call under a fixed K; under ``auto``, calls of powers of 2 (so few sizes compile),
+    timed as its dispatch. Returns ``(the logs joined along rows, the last state, the last
+    row's logs)``.
 
     Example:
         >>> import jax.numpy as jnp
         >>> def run(state, part):
         ...     rows = jnp.stack(part)
         ...     return (rows, rows[-1]), state + len(part)
-        >>> logs, state, last = run_in_parts(run, 0, [1.0, 2.0, 3.0], [2, 1])
+        >>> logs, state, last = run_group(run, 0, [1.0, 2.0, 3.0], None)
         >>> logs.tolist(), state, float(last)
         ([1.0, 2.0, 3.0], 3, 3.0)
     """
+    if auto is not None:
+        return auto.timed(_run_in_parts, run, state, batches, power_of_2_parts(len(batches)))  # type: ignore[no-any-return]
+    return _run_in_parts(run, state, batches, [len(batches)])
+
+
+def _run_in_parts(
+    run: Callable[[Any, tuple[Any, ...]], Any], state: Any, batches: Sequence[Any], parts: list[int]
+) -> tuple[Logs, Any, Logs]:
     stacked, start, last = [], 0, Logs()
     for size in parts:
         (logs, last), state = run(state, tuple(batches[start : start + size]))

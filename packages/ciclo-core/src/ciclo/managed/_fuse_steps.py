@@ -12,8 +12,8 @@ import jax
 from .._loop._returns import NO_CHANGE, parse_return
 from .._loop._state import LoopState
 from .._records._logs import Logs
-from ._auto import AutoFusion, power_of_2_parts
-from ._compile import fuse, run_in_parts
+from ._auto import AutoFusion
+from ._compile import fuse, run_group
 
 __all__ = ["FusedSteps", "fuse_steps"]
 
@@ -64,10 +64,7 @@ class FusedSteps:
     def __loop_callback_many__(
         self, loop_state: LoopState, batches: Sequence[Any]
     ) -> tuple[Logs, Any, Logs]:
-        if self._auto is None:  # a fixed K: one call
-            return run_in_parts(self._fused, loop_state.state, batches, [len(batches)])
-        parts = power_of_2_parts(len(batches))
-        return self._auto.timed(run_in_parts, self._fused, loop_state.state, batches, parts)  # type: ignore[no-any-return]
+        return run_group(self._fused, loop_state.state, batches, self._auto)
 
     def __loop_lower__(self, loop_state: LoopState) -> Any:
         lower = getattr(self.step, "lower", None)  # a jax.jit step; else nothing to lower

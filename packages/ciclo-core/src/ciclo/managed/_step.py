@@ -15,8 +15,8 @@ from .._loop._naming import count_positional
 from .._loop._returns import NO_CHANGE, parse_return
 from .._loop._state import LoopState
 from .._records._logs import Logs
-from ._auto import AutoFusion, power_of_2_parts
-from ._compile import StepFunction, fuse, run_in_parts, step_body
+from ._auto import AutoFusion
+from ._compile import StepFunction, fuse, run_group, step_body
 from ._strategies import Strategy, identity
 
 __all__ = ["ManagedStep", "step", "train_step"]
@@ -290,25 +290,15 @@ class ManagedStep:
     def __loop_callback_many__(
         self, loop_state: LoopState, batches: Sequence[Any]
     ) -> tuple[Logs, Any, Logs]:
-        auto = self._auto.get(getattr(loop_state.state, "strategy", None))  # type: ignore[arg-type]
-        if auto is None:  # a fixed K: one call
-            return self._many_in_parts(loop_state.state, batches, [len(batches)])
-        parts = power_of_2_parts(len(batches))
-        return auto.timed(self._many_in_parts, loop_state.state, batches, parts)  # type: ignore[no-any-return]
-
-    def _many_in_parts(
-        self, state: Any, batches: Sequence[Any], parts: list[int]
-    ) -> tuple[Logs, Any, Logs]:
-        """:meth:`many` for a loop's group (the group checked its batches' shapes), as
-        calls of ``parts`` batches (:func:`~ciclo.managed._compile.run_in_parts`)."""
-        strategy = self._strategy_of(state)
+        """:meth:`many` for a loop's group (the group checked its batches' shapes)."""
+        strategy = self._strategy_of(loop_state.state)
         run = self.compiled_for(strategy, fused="last", statics=self.statics)
         place, broadcasts = strategy.place_batch, strategy.place_broadcasts(self.broadcasts)
 
         def call(state: Any, part: tuple[Any, ...]) -> Any:
             return run(state, part if place is identity else tuple(map(place, part)), broadcasts)
 
-        return run_in_parts(call, state, batches, parts)
+        return run_group(call, loop_state.state, batches, self._auto.get(strategy))
 
     def __set_name__(self, owner: type, name: str) -> None:
         if self._defined_in is None:
