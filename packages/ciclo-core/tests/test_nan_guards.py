@@ -124,6 +124,23 @@ def test_terminate_on_nan_stops_within_a_step(loss, managed):
     )
 
 
+def test_a_plain_step_s_state_check_stops_within_a_step_however_far_behind_the_device_runs():
+    """A step whose device work far outlasts its dispatch: the host runs up to the bound on
+    steps in flight ahead, and a check read only once ready would stop many steps late."""
+    (_, plain_step, _), out = state_and_step(cnn_loss, managed=False), io.StringIO()
+
+    @jax.jit
+    def slow_step(params, batch):  # ~10 ms of device work that the host never waits for
+        busy = jax.lax.fori_loop(0, 40, lambda _, m: jnp.tanh(m @ m), jnp.eye(256))
+        logs, params = plain_step(params, batch)
+        return logs, jax.tree.map(lambda p: p + 0.0 * busy[0, 0], params)
+
+    guard = ciclo.terminate_on_nan(interval=60, state_every=1, file=out)
+    _, _, elapsed = ciclo.loop(cnn_params(), cnn_data(), {ciclo.every(1): [slow_step, guard]})
+    assert elapsed.steps in (NAN_AT + 1, NAN_AT + 2)
+    assert f"NaN or inf in the state at step {NAN_AT};" in out.getvalue()
+
+
 @pytest.mark.parametrize("managed", [True, False], ids=["managed", "plain-jit"])
 @pytest.mark.parametrize("loss", sorted(LOSSES))
 def test_rollback_on_nan_rolls_back_past_it_and_the_final_model_is_finite(loss, managed, tmp_path):

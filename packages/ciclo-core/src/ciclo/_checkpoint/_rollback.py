@@ -394,8 +394,8 @@ def _finite(leaves: list[jax.Array]) -> jax.Array:
 class StateProbe:
     """The NaN guards' check of the state itself, for steps that log no ``params_finite``:
     every ``every`` steps (the same steps on every process) a compiled reduction says
-    whether the state's floating arrays are all finite; it is read once ready, never
-    waited for (but with ``wait``)."""
+    whether the state's floating arrays are all finite; read once ready, or waited for a
+    step later (the device may lag far behind), so a fault is seen within a step or two."""
 
     def __init__(self, owner: str, every: int | None) -> None:
         if every is not None and (
@@ -421,11 +421,14 @@ class StateProbe:
             ]
             if leaves:
                 self._pending.append((step, _finite(leaves)))
-        while self._pending and (wait or self._pending[0][1].is_ready()):  # type: ignore[attr-defined]
-            step, finite = self._pending.popleft()
+        while self._pending:
+            checked, finite = self._pending[0]
+            if not (wait or checked < step or finite.is_ready()):  # type: ignore[attr-defined]
+                return None
+            self._pending.popleft()
             if not finite:
                 self._pending.clear()
-                return step, "the state is NaN or inf"
+                return checked, "the state is NaN or inf"
         return None
 
 

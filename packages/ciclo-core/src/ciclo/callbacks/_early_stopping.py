@@ -355,8 +355,8 @@ class TerminateOnNaN(LoopCallbackBase):
     Besides ``keys`` it reads ``params_finite``, which a managed train step logs, so a NaN
     that reaches the parameters but not the loss (NaN inputs through a ReLU) stops it too;
     for a plain step, ``state_every=N`` checks the state itself every N steps (a compiled
-    reduction, read once ready). It prints one line when the run stops, naming the step
-    and (with several processes) the process that saw the NaN.
+    reduction, read once ready or a step later). It prints one line when the run stops,
+    naming the step and (with several processes) the process that saw the NaN.
 
     Args:
         keys: the entries to watch (``"loss"``, ``"metrics.accuracy"``); every loss by
