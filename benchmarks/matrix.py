@@ -30,6 +30,7 @@ rows of <= 100 us, and at least 0.98x the unfused loop's speed on the rows of >=
     python benchmarks/matrix.py            # full: also writes its table into RESULTS.md
     python benchmarks/matrix.py --quick    # few rounds, for development (RESULTS.md kept)
     python benchmarks/matrix.py --tiny     # CI: a few steps of each row
+    python benchmarks/matrix.py --only one --rows CNN --rounds 31   # some rows, more rounds
 """
 
 from __future__ import annotations
@@ -329,7 +330,9 @@ def busy(on: bool):
 
 def single_process(args) -> list[dict[str, Any]]:
     rows = []
-    names = ["trivial step", *workloads()]
+    names = [
+        n for n in ["trivial step", *workloads()] if not args.rows or n.startswith(tuple(args.rows))
+    ]
     settings = [ALONE] if args.tiny else [ALONE, BUSY]  # tiny: CI keeps it working
     for setting in settings:
         for name in names:
@@ -504,6 +507,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 rounds (development)")
     parser.add_argument("--rounds", type=int, help="paired rounds per row (default 7)")
     parser.add_argument("--only", choices=["one", "two"], help="only one process or only two")
+    parser.add_argument(
+        "--rows", nargs="+", help="only the workloads whose names start so (RESULTS.md kept)"
+    )
     parser.add_argument("--json", help="ignored (run.py's option): the matrix writes its own table")
     parser.add_argument("--results", default=str(HERE / "RESULTS.md"))
     args = parser.parse_args()
@@ -517,7 +523,7 @@ def main() -> None:
     if args.only != "one":
         rows += two_processes(args)
     print(f"load average {load()}", flush=True)
-    if not (args.tiny or args.quick or args.only):
+    if not (args.tiny or args.quick or args.only or args.rows):
         import jax
 
         info = f"{args.rounds} rounds, {os.cpu_count()} cores, {jax.devices()[0].device_kind}"
