@@ -81,6 +81,19 @@ def test_a_copied_history_grows_apart_from_the_original(how):
     assert history.collect("samples", "m") == ([0, 3], [1.0, 3.0])
 
 
+@pytest.mark.parametrize("kind", ["no logs", "host values", "device values"])
+def test_the_rows_a_commit_keeps_join_the_elapsed_columns_every_256_rows(kind):
+    history, elapsed = ciclo.history(), ciclo.Elapsed.create()
+    for i in range(1000):
+        value = float(i) if kind == "host values" else jnp.float32(i)
+        history.commit(elapsed, None if kind == "no logs" else ciclo.logs().add_metric("m", value))
+        elapsed = elapsed.update(batch_size=2)
+        assert len(history._rows) <= 256  # a long run holds no more Elapsed objects than that
+    assert history.collect("steps") == list(range(1000))
+    assert history.collect("samples") == list(range(0, 2000, 2))
+    assert history[-1]["elapsed"]["steps"] == 999
+
+
 @pytest.mark.parametrize("big", [2**63, np.uint64(2**64 - 1)])
 def test_integers_past_int64_are_kept_exact(big):
     history = ciclo.history()
