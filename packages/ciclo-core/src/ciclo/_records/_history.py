@@ -443,7 +443,7 @@ class History:
         return [f"elapsed.{f}" for f in _ELAPSED_FIELDS] + list(self._columns)
 
     def _column(self, key: str) -> _Column:
-        if key.startswith("elapsed.") and key[8:] in self._elapsed():
+        if key.startswith("elapsed.") and key[8:] in _ELAPSED_FIELDS:
             return _Column.dense(self._elapsed()[key[8:]])
         return self._columns[key]
 
@@ -451,7 +451,7 @@ class History:
         # A bare name resolves across collections and `elapsed` alike: a metric named
         # "steps" makes "steps" ambiguous rather than silently shadowed.
         columns = self._columns
-        if key in columns or (key.startswith("elapsed.") and key[8:] in self._elapsed()):
+        if key in columns or (key.startswith("elapsed.") and key[8:] in _ELAPSED_FIELDS):
             return key
         candidates = [k for k in columns if k.split(".", 1)[1] == key]
         if key in _ELAPSED_FIELDS:
@@ -565,8 +565,9 @@ class History:
         """
         if fetch:
             self.fetch()
-        steps = np.frombuffer(self._elapsed()["steps"], dtype=np.int64)[row:].copy()
-        samples = np.frombuffer(self._elapsed()["samples"], dtype=np.int64)[row:].copy()
+        elapsed = self._elapsed()
+        steps = np.frombuffer(elapsed["steps"], dtype=np.int64)[row:].copy()
+        samples = np.frombuffer(elapsed["samples"], dtype=np.int64)[row:].copy()
         columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for key in keys:
             column = self._columns.get(key)
