@@ -31,6 +31,7 @@ rows of <= 100 us, and at least 0.98x the unfused loop's speed on the rows of >=
     python benchmarks/matrix.py --quick    # few rounds, for development (RESULTS.md kept)
     python benchmarks/matrix.py --tiny     # CI: a few steps of each row
     python benchmarks/matrix.py --only one --rows CNN --rounds 31   # some rows, more rounds
+    python benchmarks/matrix.py --only quiet   # a GPU: one process, no spinners
 """
 
 from __future__ import annotations
@@ -333,7 +334,8 @@ def single_process(args) -> list[dict[str, Any]]:
     names = [
         n for n in ["trivial step", *workloads()] if not args.rows or n.startswith(tuple(args.rows))
     ]
-    settings = [ALONE] if args.tiny else [ALONE, BUSY]  # tiny: CI keeps it working
+    # tiny: CI keeps it working; quiet: a many-core GPU host, which two spinners do not load
+    settings = [ALONE] if args.tiny or args.only == "quiet" else [ALONE, BUSY]
     for setting in settings:
         for name in names:
             for kind in ("plain", "managed"):
@@ -506,7 +508,11 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="a few steps of each row, for CI")
     parser.add_argument("--quick", action="store_true", help="3 rounds (development)")
     parser.add_argument("--rounds", type=int, help="paired rounds per row (default 7)")
-    parser.add_argument("--only", choices=["one", "two"], help="only one process or only two")
+    parser.add_argument(
+        "--only",
+        choices=["one", "quiet", "two"],
+        help="only one process, only one process without the spinners (a GPU), or only two",
+    )
     parser.add_argument(
         "--rows", nargs="+", help="only the workloads whose names start so (RESULTS.md kept)"
     )
@@ -520,7 +526,7 @@ def main() -> None:
     rows = []
     if args.only != "two":
         rows += single_process(args)
-    if args.only != "one":
+    if args.only not in ("one", "quiet"):
         rows += two_processes(args)
     print(f"load average {load()}", flush=True)
     if not (args.tiny or args.quick or args.only or args.rows):

@@ -24,6 +24,7 @@ SCRIPTS = [
     "loop_overhead.py",
     "overhead_parts.py",
     "step_profile.py",
+    "host_profile.py",
     "fused_steps.py",
     "keras_fit.py",
     "history_scale.py",

@@ -1,0 +1,137 @@
+"""Where the host's time goes per step, on the MLP 784-128-10 of ``loop_overhead.py``.
+
+Each candidate is timed twice in the same runs (alternating, paired rounds): its wall time
+per step and the main thread's CPU time per step (``time.thread_time``: the Python and the
+dispatch the host runs; a wait for the device sleeps and is not counted). Wall minus CPU is
+the time the main thread waited. Candidates: the hand-written loop, ``ciclo.loop`` +
+history + ``keras_bar`` with its defaults and with ``max_steps_in_flight=0`` (no bound),
+and manual iteration, each on NumPy batches (copied to the device at each call, as a user's
+loader gives them) and on batches already on the device. Then ``cProfile`` of the loop's
+run: the functions with the most own time, in µs per step (the profiler's own cost is in
+them, so read them as shares, not as times).
+
+    python benchmarks/host_profile.py              # JAX's default backend (a GPU if any)
+    python benchmarks/host_profile.py --rounds 31
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from _harness import NullFile, alternate, emit, parse_args
+from loop_overhead import mlp_setup
+
+import ciclo
+
+BENCHMARK = "host time per step, MLP 784-128-10, batch 32"
+HAND = "hand-written for loop"
+LOOP = "ciclo.loop + history + keras_bar"
+
+
+def candidates(state, dataset, step) -> dict[str, Callable[[], Any]]:
+    def hand():
+        s = state
+        for batch in dataset:
+            _, s = step(s, batch)
+        jax.block_until_ready(s)
+
+    def looped(**options):
+        def run():
+            bar = ciclo.keras_bar(len(dataset), file=NullFile())
+            s, _, _ = ciclo.loop(state, dataset, {ciclo.every(1): [step, bar]}, **options)
+            jax.block_until_ready(s)
+
+        return run
+
+    def manual():
+        s, history = state, ciclo.history()
+        for elapsed, batch in ciclo.elapse(dataset):
+            logs, s = step(s, batch)
+            history.commit(elapsed, logs)
+        jax.block_until_ready(s)
+
+    return {
+        HAND: hand,
+        LOOP: looped(),
+        f"{LOOP}, max_steps_in_flight=0": looped(max_steps_in_flight=0),
+        "manual iteration (elapse + history.commit)": manual,
+    }
+
+
+def with_thread_time(runs: dict[str, Callable[[], Any]], spent: dict[str, list[float]]):
+    """``runs`` whose every call also appends its main-thread CPU seconds to ``spent``."""
+
+    def timed(label: str, run: Callable[[], Any]) -> Callable[[], Any]:
+        def call():
+            start = time.thread_time()
+            run()
+            spent[label].append(time.thread_time() - start)
+
+        return call
+
+    return {label: timed(label, run) for label, run in runs.items()}
+
+
+def profile(run: Callable[[], Any], steps: int, top: int) -> list[str]:
+    """The ``top`` functions of ``run`` by own time, in µs per step."""
+    run()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run()
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    ranked = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
+    return [
+        f"{own / steps * 1e6:8.2f} us/step own, {calls / steps:5.2f} calls/step  "
+        f"{name} ({file.rsplit('/', 2)[-1] if '/' in file else file}:{line})"
+        for (file, line, name), (_, calls, own, _, _) in ranked
+    ]
+
+
+def main() -> None:
+    args = parse_args(__doc__ or "")
+    steps = 50 if args.tiny else 2000
+    state, dataset, step = mlp_setup(steps)
+    resident = [jax.device_put(batch) for batch in dataset]
+    rows = []
+    for where, batches in (("NumPy batches", dataset), ("batches on the device", resident)):
+        spent: dict[str, list[float]] = {}
+        runs = candidates(state, batches, step)
+        spent.update({label: [] for label in runs})
+        times = alternate(with_thread_time(runs, spent), 2 if args.tiny else args.rounds or 15)
+        base = times[HAND]
+        for label, values in times.items():
+            cpu = spent[label][-len(values) :]  # the rounds' (the warm-up's dropped)
+            row = {
+                "benchmark": f"{BENCHMARK}, {where}",
+                "candidate": label,
+                "median": statistics.median(values) / steps * 1e6,
+                "min": min(values) / steps * 1e6,
+                "max": max(values) / steps * 1e6,
+                "unit": "us/step",
+                "ratio": statistics.median(t / b for t, b in zip(values, base, strict=True)),
+                "overhead": statistics.median(values) / steps * 1e6
+                - statistics.median(base) / steps * 1e6,
+                "baseline": HAND,
+                "host_us": statistics.median(cpu) / steps * 1e6,
+                "target": "",
+            }
+            rows.append(row)
+            print(
+                f"{where:22s} {label:54s} wall {row['median']:8.2f} us/step, "
+                f"ratio {row['ratio']:.3f}, main thread CPU {row['host_us']:8.2f} us/step",
+                flush=True,
+            )
+        print(f"cProfile of {LOOP}, {where}:")
+        print("\n".join(profile(runs[LOOP], steps, 8 if args.tiny else 25)), flush=True)
+    emit(rows, args.json)
+
+
+if __name__ == "__main__":
+    main()
