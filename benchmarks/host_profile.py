@@ -25,21 +25,17 @@ from typing import Any
 
 import jax
 from _harness import NullFile, alternate, emit, parse_args
-from loop_overhead import mlp_setup
+from loop_overhead import HAND_WRITTEN, MANUAL, mlp_setup
+from loop_overhead import candidates as overhead_candidates
 
 import ciclo
 
 BENCHMARK = "host time per step, MLP 784-128-10, batch 32"
-HAND = "hand-written for loop"
 LOOP = "ciclo.loop + history + keras_bar"
 
 
 def candidates(state, dataset, step) -> dict[str, Callable[[], Any]]:
-    def hand():
-        s = state
-        for batch in dataset:
-            _, s = step(s, batch)
-        jax.block_until_ready(s)
+    """The hand loop and manual iteration of ``loop_overhead.py``, and the loop + bar."""
 
     def looped(**options):
         def run():
@@ -49,18 +45,12 @@ def candidates(state, dataset, step) -> dict[str, Callable[[], Any]]:
 
         return run
 
-    def manual():
-        s, history = state, ciclo.history()
-        for elapsed, batch in ciclo.elapse(dataset):
-            logs, s = step(s, batch)
-            history.commit(elapsed, logs)
-        jax.block_until_ready(s)
-
+    same = overhead_candidates(state, dataset, step)
     return {
-        HAND: hand,
+        HAND_WRITTEN: same[HAND_WRITTEN],
         LOOP: looped(),
         f"{LOOP}, max_steps_in_flight=0": looped(max_steps_in_flight=0),
-        "manual iteration (elapse + history.commit)": manual,
+        MANUAL: same[MANUAL],
     }
 
 
@@ -105,7 +95,7 @@ def main() -> None:
         runs = candidates(state, batches, step)
         spent.update({label: [] for label in runs})
         times = alternate(with_thread_time(runs, spent), 2 if args.tiny else args.rounds or 15)
-        base = times[HAND]
+        base = times[HAND_WRITTEN]
         for label, values in times.items():
             cpu = spent[label][-len(values) :]  # the rounds' (the warm-up's dropped)
             row = {
@@ -118,7 +108,7 @@ def main() -> None:
                 "ratio": statistics.median(t / b for t, b in zip(values, base, strict=True)),
                 "overhead": statistics.median(values) / steps * 1e6
                 - statistics.median(base) / steps * 1e6,
-                "baseline": HAND,
+                "baseline": HAND_WRITTEN,
                 "host_us": statistics.median(cpu) / steps * 1e6,
                 "target": "",
             }
