@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-from _harness import NullFile, alternate, emit, parse_args
+from _harness import NullFile, compare, emit, parse_args
 from loop_overhead import HAND_WRITTEN, MANUAL, mlp_setup
 from loop_overhead import candidates as overhead_candidates
 
@@ -89,32 +89,19 @@ def main() -> None:
     steps = 50 if args.tiny else 2000
     state, dataset, step = mlp_setup(steps)
     resident = [jax.device_put(batch) for batch in dataset]
+    rounds = 2 if args.tiny else args.rounds or 15
     rows = []
     for where, batches in (("NumPy batches", dataset), ("batches on the device", resident)):
-        spent: dict[str, list[float]] = {}
         runs = candidates(state, batches, step)
-        spent.update({label: [] for label in runs})
-        times = alternate(with_thread_time(runs, spent), 2 if args.tiny else args.rounds or 15)
-        base = times[HAND_WRITTEN]
-        for label, values in times.items():
-            cpu = spent[label][-len(values) :]  # the rounds' (the warm-up's dropped)
-            row = {
-                "benchmark": f"{BENCHMARK}, {where}",
-                "candidate": label,
-                "median": statistics.median(values) / steps * 1e6,
-                "min": min(values) / steps * 1e6,
-                "max": max(values) / steps * 1e6,
-                "unit": "us/step",
-                "ratio": statistics.median(t / b for t, b in zip(values, base, strict=True)),
-                "overhead": statistics.median(values) / steps * 1e6
-                - statistics.median(base) / steps * 1e6,
-                "baseline": HAND_WRITTEN,
-                "host_us": statistics.median(cpu) / steps * 1e6,
-                "target": "",
-            }
+        spent: dict[str, list[float]] = {label: [] for label in runs}
+        timed = with_thread_time(runs, spent)
+        for row in compare(
+            f"{BENCHMARK}, {where}", timed, repeats=rounds, per=steps, unit="us", paired=True
+        ):
+            row["host_us"] = statistics.median(spent[row["candidate"]][-rounds:]) / steps * 1e6
             rows.append(row)
             print(
-                f"{where:22s} {label:54s} wall {row['median']:8.2f} us/step, "
+                f"{where:22s} {row['candidate']:54s} wall {row['median']:8.2f} us/step, "
                 f"ratio {row['ratio']:.3f}, main thread CPU {row['host_us']:8.2f} us/step",
                 flush=True,
             )
