@@ -50,6 +50,7 @@ def test_float32_device_scalars_round_trip_exactly():
     assert collected == [float(v) for v in values]
     assert all(type(v) is float for v in collected)
     assert np.array_equal(np.asarray(collected, np.float32), values)
+    assert collected.dtype == np.float32  # as logged, though kept as Python floats
 
 
 def test_elapsed_fields_and_types():
@@ -64,6 +65,30 @@ def test_elapsed_fields_and_types():
     assert n == [0, 1, 2]
     assert all(type(v) is int for v in n)
     assert history.collect("elapsed.steps") == steps
+    assert (steps.dtype, time.dtype, n.dtype) == (np.int64, np.float64, np.int32)
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "dtype"),
+    [
+        (jnp.float32(1), jnp.float32(2), np.float32),
+        (jnp.float32(1), 2.0, np.float64),  # a Python float widens the column
+        (jnp.int32(1), jnp.float32(2), np.float64),
+        (jnp.int32(1), 2, np.int64),
+        ("a", "b", object),
+    ],
+)
+def test_collect_says_the_dtype_values_were_logged_in(first, then, dtype):
+    history = ciclo.history()
+    history.commit(at_step(0), {"metrics": {"m": first}})
+    history.fetch()  # stored, then the second value joins the column
+    history.commit(at_step(1), {"metrics": {"m": then}})
+    collected = history.collect("m")
+    assert collected == [np.asarray(first).item(), np.asarray(then).item()]
+    assert collected.dtype == dtype
+    restored = ciclo.history()
+    restored.load_state_dict(history.state_dict())
+    assert (restored.collect("m"), restored.collect("m").dtype) == (collected, dtype)
 
 
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])

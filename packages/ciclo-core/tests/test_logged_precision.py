@@ -59,3 +59,15 @@ def test_a_hand_written_loss_is_computed_in_bfloat16_unless_widened():
     losses = history.collect("loss")
     assert not any(is_bfloat16(v) for v in losses)  # float32's digits
     assert all(float(np.float32(v)) == v for v in losses)
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 2])
+def test_the_history_says_a_bfloat16_step_logged_float32(steps_per_call):
+    start = state().with_strategy("jit", steps_per_call=steps_per_call)
+    _, history, _ = ciclo.loop(start, BATCHES, {ciclo.every(1): make_step(widen=False)})
+    assert history.collect("loss").dtype == np.float32
+    assert history.collect("logit").dtype == np.float32
+    restored = ciclo.history()  # as a checkpoint keeps it
+    restored.load_state_dict(history.state_dict())
+    assert restored.collect("loss").dtype == np.float32
+    assert restored.collect("loss") == history.collect("loss")

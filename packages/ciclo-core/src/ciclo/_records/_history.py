@@ -7,7 +7,7 @@ import time as _time
 from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -16,31 +16,44 @@ from . import _host
 from ._logs import Logs
 from ._plot import plot_history
 
-__all__ = ["History", "history"]
+__all__ = ["History", "Values", "history"]
 
-_ELAPSED_FIELDS = ("steps", "samples", "time", "date")
+_ELAPSED_CODES = {"steps": "q", "samples": "q", "time": "d", "date": "d"}  # array typecodes
+_ELAPSED_FIELDS = tuple(_ELAPSED_CODES)
+
+
+class Values(list[Any]):
+    """A key's values from :meth:`History.collect`: a list whose ``dtype`` is the one they
+    were logged in (``float32`` for a float32 loss; ``object`` for what is not a number).
+
+    Example:
+        >>> import ciclo, numpy as np
+        >>> history = ciclo.history()
+        >>> history.commit(ciclo.Elapsed.create(), ciclo.logs().add_loss("loss", np.float32(2)))
+        >>> history.collect("loss"), history.collect("loss").dtype
+        ([2.0], dtype('float32'))
+    """
+
+    __slots__ = ("dtype",)
+
+    def __init__(self, values: Any, dtype: np.dtype) -> None:
+        super().__init__(values)
+        self.dtype = dtype
 
 
 class _Column:
     """The values of one key and the rows they belong to.
 
-    Scalars are packed in typed arrays (8 bytes a value); the row index array is only
-    materialised once the column stops being a contiguous run of rows.
+    Numbers are packed in typed arrays (float32 and int32 in 4 bytes, others in 8); the row
+    index array is only materialised once the column stops being a contiguous run of rows.
     """
 
     __slots__ = ("rows", "start", "values")
 
-    def __init__(self, start: int) -> None:
+    def __init__(self, start: int, values: array[Any] | list[Any] | None = None) -> None:
         self.start = start
         self.rows: array[int] | None = None  # None while rows are start, start+1, ...
-        self.values: array[Any] | list[Any] | None = None  # typed on the first values
-
-    @classmethod
-    def dense(cls, values: array[Any]) -> _Column:
-        """A column holding a value for every row from 0."""
-        column = cls(0)
-        column.values = values
-        return column
+        self.values = values  # typed on the first values
 
     def __len__(self) -> int:
         return 0 if self.values is None else len(self.values)
@@ -57,13 +70,11 @@ class _Column:
         if current is None:
             self.values = packed
         elif isinstance(current, array) and isinstance(packed, array):
-            if current.typecode == packed.typecode:
-                current.extend(packed)
-            elif current.typecode == "d":  # ints into a float column
-                current.extend(array("d", packed.tolist()))
-            else:  # floats into an int column: the column becomes float
-                self.values = array("d", current.tolist())
-                self.values.extend(packed)
+            if current.typecode != packed.typecode:  # ints into floats, float32 into float64...
+                code = _typecode(np.promote_types(current.typecode, packed.typecode))
+                current = self.values = _from_numpy(_to_numpy(current), code)
+                packed = _from_numpy(_to_numpy(packed), code)
+            current.extend(packed)
         else:
             self.values = list(current) if isinstance(current, array) else current
             self.values.extend(packed)
@@ -73,15 +84,14 @@ class _Column:
             return np.arange(self.start, self.start + len(self))
         return np.frombuffer(self.rows, dtype=np.int64)
 
-    def take(self, positions: np.ndarray | None) -> list[Any]:
+    def take(self, positions: np.ndarray | None) -> Values:
         values = self.values if self.values is not None else []
-        if positions is None:
-            return values.tolist() if isinstance(values, array) else list(values)
         if isinstance(values, array):
-            dtype = np.float64 if values.typecode == "d" else np.int64
-            taken: list[Any] = np.frombuffer(values, dtype=dtype)[positions].tolist()
-            return taken
-        return [values[i] for i in positions.tolist()]
+            numbers = np.frombuffer(values, dtype=values.typecode)
+            taken = numbers if positions is None else numbers[positions]
+            return Values(taken.tolist(), numbers.dtype)
+        kept = values if positions is None else [values[i] for i in positions.tolist()]
+        return Values(kept, np.dtype(object))
 
     def value_at(self, row: int) -> tuple[bool, Any]:
         values = self.values if self.values is not None else []
@@ -118,46 +128,42 @@ def _pack(values: list[Any]) -> array[Any] | list[Any]:
             return array("q", values)
     try:
         packed = np.asarray(values)
-    except (ValueError, TypeError):  # ragged arrays and the like
-        packed = None
-    if packed is not None and packed.ndim == 1 and packed.dtype.kind in "iuf":
-        if packed.dtype.kind == "f":
-            return array("d", packed.astype(np.float64).tobytes())
-        if packed.dtype.kind != "u" or not packed.size or packed.max() < 2**63:
-            return array("q", packed.astype(np.int64).tobytes())
-        # unsigned values past int64's range: kept exact, as Python ints in a list
+    except (ValueError, TypeError):  # ragged arrays and the like: kept in a list
+        packed = np.asarray(None)
+    numeric = packed.ndim == 1 and packed.dtype.kind in "iuf"
+    # unsigned values past int64's range are kept exact, as Python ints in a list
+    if numeric and (packed.dtype.kind != "u" or not packed.size or packed.max() < 2**63):
+        return _from_numpy(packed, _typecode(packed.dtype))
     return [
         v.item() if isinstance(v, np.generic) or getattr(v, "ndim", None) == 0 else v
         for v in values
     ]
 
 
+def _typecode(dtype: np.dtype) -> str:
+    """How numbers of ``dtype`` are kept: float32 and int32 as they are (an ``array``'s
+    typecode is NumPy's character code), other floats as float64, other ints as int64."""
+    if dtype in (np.float32, np.int32):
+        return str(dtype.char)
+    return "d" if dtype.kind == "f" else "q"
+
+
 def _to_numpy(values: array[Any]) -> np.ndarray:
-    dtype = np.float64 if values.typecode == "d" else np.int64
-    return np.frombuffer(values, dtype=dtype).copy()
+    return np.frombuffer(values, dtype=values.typecode).copy()
 
 
 def _from_numpy(values: Any, typecode: str) -> array[Any]:
-    if isinstance(values, np.ndarray):
-        dtype = np.float64 if typecode == "d" else np.int64
-        return array(typecode, np.ascontiguousarray(values, dtype=dtype).tobytes())
-    return array(typecode, values)
+    return array(typecode, np.ascontiguousarray(values, dtype=typecode).tobytes())
 
 
-class _Transit:
+class _Transit(NamedTuple):
     """A batch of committed values on its way to the host: the rows and values per key
     (for keys in ``sent``, only the last value), the stacked blocks' positions, and the
     chunks sent per key (see ``_host.send_stacked``)."""
 
-    __slots__ = ("blocks", "gathered", "sent")
-
-    def __init__(
-        self,
-        gathered: dict[tuple[str, str], tuple[list[int], list[Any]]],
-        blocks: dict[tuple[str, str], list[int]],
-        sent: dict[tuple[str, str], _host.Chunks],
-    ) -> None:
-        self.gathered, self.blocks, self.sent = gathered, blocks, sent
+    gathered: dict[tuple[str, str], tuple[list[int], list[Any]]]
+    blocks: dict[tuple[str, str], list[int]]
+    sent: dict[tuple[str, str], _host.Chunks]
 
     def sent_chunks(self) -> _host.Chunks:
         return [chunk for chunks in self.sent.values() for chunk in chunks]
@@ -191,9 +197,7 @@ class History:
         self.fetch_interval = fetch_interval
         self.max_pending = max_pending
         # Every row has its elapsed fields: dense columns from row 0.
-        self._set_elapsed(
-            {"steps": array("q"), "samples": array("q"), "time": array("d"), "date": array("d")}
-        )
+        self._set_elapsed({field: array(code) for field, code in _ELAPSED_CODES.items()})
         self._columns: dict[str, _Column] = {}  # "collection.name" -> column
         self._missing_hints: list[Callable[[str], str | None]] = []  # see hint_missing
         self._lookup: dict[str, dict[str, _Column]] = {}  # the same, by collection and name
@@ -410,14 +414,8 @@ class History:
         self._pending, self._blocks, self._num_pending = {}, {}, 0
         self._transit = None
         self._num_rows = int(state["num_rows"])
-        self._set_elapsed(
-            {
-                field: _from_numpy(
-                    state["elapsed"][field], "d" if field in ("time", "date") else "q"
-                )
-                for field in _ELAPSED_FIELDS
-            }
-        )
+        saved = state["elapsed"]
+        self._set_elapsed({f: _from_numpy(saved[f], c) for f, c in _ELAPSED_CODES.items()})
         self._columns, self._lookup = {}, {}
         for key, saved in state["columns"].items():
             column = _Column(int(saved["start"]))
@@ -425,10 +423,9 @@ class History:
             column.rows = None if rows is None else _from_numpy(rows, "q")
             values = saved["values"]
             kind = getattr(getattr(values, "dtype", None), "kind", None)
+            numeric = kind in ("f", "i", "u")
             column.values = (
-                _from_numpy(values, "d" if kind == "f" else "q")
-                if kind in ("f", "i", "u")
-                else list(values)
+                _from_numpy(values, _typecode(values.dtype)) if numeric else list(values)
             )
             collection, name = key.split(".", 1)
             self._columns[key] = self._lookup.setdefault(collection, {})[name] = column
@@ -444,7 +441,7 @@ class History:
 
     def _column(self, key: str) -> _Column:
         if key.startswith("elapsed.") and key[8:] in _ELAPSED_FIELDS:
-            return _Column.dense(self._elapsed()[key[8:]])
+            return _Column(0, self._elapsed()[key[8:]])  # a value in every row
         return self._columns[key]
 
     def _resolve(self, key: str) -> str:
@@ -489,7 +486,8 @@ class History:
 
         A key is a full ``collection.name``, an elapsed field (``steps``, ``samples``,
         ``time``, ``date``), or a bare name found in exactly one collection.
-        Returns one list per key (a tuple of lists, or a single list for one key).
+        Returns one list per key (a tuple of lists, or a single list for one key), each a
+        :class:`Values` whose ``dtype`` says how its values were logged.
         """
         if not keys:
             raise ValueError('collect() needs at least one key, e.g. collect("steps", "loss").')
@@ -573,8 +571,7 @@ class History:
             column = self._columns.get(key)
             if column is None or not isinstance(column.values, array):
                 continue
-            dtype = np.float64 if column.values.typecode == "d" else np.int64
-            values = np.frombuffer(column.values, dtype=dtype)
+            values = np.frombuffer(column.values, dtype=column.values.typecode)
             if column.rows is None:
                 start = max(row - column.start, 0)
                 rows = np.arange(column.start + start, column.start + len(values))
