@@ -414,8 +414,8 @@ class History:
         self._pending, self._blocks, self._num_pending = {}, {}, 0
         self._transit = None
         self._num_rows = int(state["num_rows"])
-        saved = state["elapsed"]
-        self._set_elapsed({f: _from_numpy(saved[f], c) for f, c in _ELAPSED_CODES.items()})
+        elapsed = state["elapsed"]
+        self._set_elapsed({f: _from_numpy(elapsed[f], c) for f, c in _ELAPSED_CODES.items()})
         self._columns, self._lookup = {}, {}
         for key, saved in state["columns"].items():
             column = _Column(int(saved["start"]))
