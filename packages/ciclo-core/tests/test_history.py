@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -89,6 +92,15 @@ def test_collect_says_the_dtype_values_were_logged_in(first, then, dtype):
     restored = ciclo.history()
     restored.load_state_dict(history.state_dict())
     assert (restored.collect("m"), restored.collect("m").dtype) == (collected, dtype)
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_collected_values_keep_their_dtype_through_pickle_and_copy(protocol):
+    history = ciclo.history()
+    history.commit(at_step(0), ciclo.logs().add_loss("loss", jnp.float32(0.5)))
+    collected = history.collect("loss")
+    for copied in (pickle.loads(pickle.dumps(collected, protocol)), copy.deepcopy(collected)):
+        assert (copied, copied.dtype) == ([0.5], np.float32)
 
 
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])

@@ -34,8 +34,6 @@ class Values(list[Any]):
         ([2.0], dtype('float32'))
     """
 
-    __slots__ = ("dtype",)
-
     def __init__(self, values: Any, dtype: np.dtype) -> None:
         super().__init__(values)
         self.dtype = dtype
