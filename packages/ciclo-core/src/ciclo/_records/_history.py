@@ -70,8 +70,8 @@ class _Column:
         elif isinstance(current, array) and isinstance(packed, array):
             if current.typecode != packed.typecode:  # ints into floats, float32 into float64...
                 code = _typecode(np.promote_types(current.typecode, packed.typecode))
-                current = self.values = _from_numpy(_to_numpy(current), code)
-                packed = _from_numpy(_to_numpy(packed), code)
+                current = self.values = _from_numpy(current, code)
+                packed = _from_numpy(packed, code)
             current.extend(packed)
         else:
             self.values = list(current) if isinstance(current, array) else current
@@ -151,6 +151,7 @@ def _to_numpy(values: array[Any]) -> np.ndarray:
 
 
 def _from_numpy(values: Any, typecode: str) -> array[Any]:
+    """``values`` (a NumPy array, a typed ``array``, a list) as a typed array of ``typecode``."""
     return array(typecode, np.ascontiguousarray(values, dtype=typecode).tobytes())
 
 
