@@ -11,7 +11,13 @@ CE = optax.softmax_cross_entropy_with_integer_labels
 
 
 @pytest.mark.parametrize(
-    ("typo", "match"), [("stratgey", "strategy"), ("filter_spek", "filter_spec"), ("vmpa", "vmap")]
+    ("typo", "match"),
+    [
+        ("stratgey", "strategy"),
+        ("metrcs", "metrics"),
+        ("filter_spek", "filter_spec"),
+        ("vmpa", "vmap"),
+    ],
 )
 def test_create_state_names_the_close_match(typo, match):
     model = eqx.nn.Linear(4, 3, key=jax.random.key(0))

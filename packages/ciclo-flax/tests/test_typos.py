@@ -12,7 +12,8 @@ CE = optax.softmax_cross_entropy_with_integer_labels
 
 
 @pytest.mark.parametrize(
-    ("typo", "match"), [("stratgey", "strategy"), ("rng_stream", "rng_streams")]
+    ("typo", "match"),
+    [("stratgey", "strategy"), ("metrcs", "metrics"), ("rng_stream", "rng_streams")],
 )
 def test_create_state_names_the_close_match(typo, match):
     with pytest.raises(TypeError, match=rf"create_state\(\).*'{typo}'; did you mean '{match}'\?"):

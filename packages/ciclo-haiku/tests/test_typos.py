@@ -16,7 +16,12 @@ def forward(x):
 
 @pytest.mark.parametrize(
     ("typo", "match"),
-    [("stratgey", "strategy"), ("trainig_arg", "training_arg"), ("inputs_kye", "inputs_key")],
+    [
+        ("stratgey", "strategy"),
+        ("metrcs", "metrics"),
+        ("trainig_arg", "training_arg"),
+        ("inputs_kye", "inputs_key"),
+    ],
 )
 def test_create_state_names_the_close_match(typo, match):
     with pytest.raises(TypeError, match=rf"create_state\(\).*'{typo}'; did you mean '{match}'\?"):

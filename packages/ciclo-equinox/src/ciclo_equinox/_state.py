@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import equinox as eqx
 import jax
@@ -229,15 +229,13 @@ def create_state(
     tx: optax.GradientTransformation | None,
     *,
     losses: Mapping[str, Any] | None,
-    metrics: Mapping[str, Any] | None = None,
     state: eqx.nn.State | None = None,
     key: jax.Array | int | None = None,
-    strategy: str | ciclo.managed.Strategy = "jit",
     vmap: bool = False,
     axis_name: str = "batch",
     filter_spec: Callable[[Any], bool] | Any = eqx.is_inexact_array,
     key_arg: str | None = AUTO,
-    **options: Any,
+    **options: Unpack[ciclo.adapters.AdapterOptions],
 ) -> EquinoxState:
     """Builds an :class:`EquinoxState` for an Equinox model, ready for ``state.train_step``,
     ``test_step``, ``predict_step`` and every ciclo loop.
@@ -255,11 +253,9 @@ def create_state(
         tx: an optax optimizer (``None`` for a state that is only evaluated).
         losses: ``{name: fn(preds, targets)}`` returning a scalar or per-example values,
             e.g. ``{"loss": optax.softmax_cross_entropy_with_integer_labels}``.
-        metrics: ``{name: fn(preds, targets)}`` or ``ciclo.adapters.StatefulMetric``.
         state: the model's ``eqx.nn.State`` (from ``eqx.nn.make_with_state``); built from
             the model when it holds stateful layers with their initial values.
         key: an RNG key or seed for dropout and other randomness (``None``: seed 0).
-        strategy: ``"jit"``, ``"eager"``, ``"data-parallel"``... or a Strategy.
         vmap: the model is per-example (the usual Equinox idiom): ciclo vmaps it over the
             leading axis of the inputs, the model state shared by the batch.
         axis_name: the name of that vmapped axis, which ``eqx.nn.BatchNorm(axis_name=...)``
@@ -268,8 +264,9 @@ def create_state(
             ``array -> bool`` or a pytree of bools; the other arrays stay as they are.
         key_arg: the ``__call__`` keyword that receives the RNG key: ``"auto"`` passes
             ``key=`` when ``__call__`` takes ``key``; ``None`` passes no key.
-        **options: the options of every adapter (the keys of dict batches, mixed precision,
-            averaged weights), listed once in :func:`ciclo.adapters.check_options`.
+        **options: the options of every adapter (``metrics``, ``strategy``, the keys of
+            dict batches, mixed precision, averaged weights, ``trainable``), listed once in
+            :class:`ciclo.adapters.AdapterOptions`.
 
     Returns:
         An :class:`EquinoxState`.
@@ -297,20 +294,11 @@ def create_state(
         raise TypeError(f"vmap must be True or False, got {vmap!r}.")
     model = eqx.nn.delete_init_state(model)  # the initial values live in `state`
     params, frozen, skeleton = _partition(model, filter_spec)
+    # the subclass's own fields, then those of every adapter
+    fields = {"frozen": frozen, "skeleton": skeleton, "key_arg": _detect_key_arg(model, key_arg)}
+    fields |= {"vmap": vmap, "axis_name": axis_name}
     return EquinoxState.create(
-        params=params,
-        model_state=state,
-        tx=tx,
-        losses=losses,
-        metrics=metrics,
-        key=key,
-        strategy=strategy,
-        frozen=frozen,
-        skeleton=skeleton,
-        key_arg=_detect_key_arg(model, key_arg),
-        vmap=vmap,
-        axis_name=axis_name,
-        **options,
+        params=params, model_state=state, tx=tx, losses=losses, key=key, **fields, **options
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import flax.core
 import flax.errors
@@ -118,13 +118,11 @@ def create_state(
     tx: optax.GradientTransformation | None,
     *,
     losses: Mapping[str, Any] | None,
-    metrics: Mapping[str, Any] | None = None,
     key: jax.Array | int | None = None,
-    strategy: str | ciclo.managed.Strategy = "jit",
     variables: Mapping[str, Any] | None = None,
     training_arg: str | None = AUTO,
     rng_streams: Sequence[str] = ("dropout",),
-    **options: Any,
+    **options: Unpack[ciclo.adapters.AdapterOptions],
 ) -> FlaxState:
     """Builds a :class:`FlaxState` for a Flax Linen module, ready for ``state.train_step``,
     ``test_step``, ``predict_step`` and every ciclo loop.
@@ -135,9 +133,7 @@ def create_state(
         tx: an optax optimizer (``None`` for a state that is only evaluated).
         losses: ``{name: fn(preds, targets)}`` returning a scalar or per-example values,
             e.g. ``{"loss": optax.softmax_cross_entropy_with_integer_labels}``.
-        metrics: ``{name: fn(preds, targets)}`` or ``ciclo.adapters.StatefulMetric``.
         key: an RNG key or seed for initialization and dropout (``None``: seed 0).
-        strategy: ``"jit"``, ``"eager"``, ``"data-parallel"``... or a Strategy.
         variables: already initialized variables (``{"params": ..., "batch_stats": ...}``),
             used instead of ``module.init``.
         training_arg: the ``__call__`` argument that says whether the module trains:
@@ -145,8 +141,9 @@ def create_state(
             (set to the opposite); ``None`` passes none.
         rng_streams: RNG streams the module draws from (``make_rng``), each given a key
             derived from the state's key and step.
-        **options: the options of every adapter (the keys of dict batches, mixed precision,
-            averaged weights), listed once in :func:`ciclo.adapters.check_options`.
+        **options: the options of every adapter (``metrics``, ``strategy``, the keys of
+            dict batches, mixed precision, averaged weights, ``trainable``), listed once in
+            :class:`ciclo.adapters.AdapterOptions`.
 
     Returns:
         A :class:`FlaxState`.
@@ -177,18 +174,10 @@ def create_state(
     params = variables.pop("params")
     for collection in SOWN:  # recorded anew at each step, never state
         variables.pop(collection, None)
+    # the subclass's own fields, then those of every adapter
+    fields = {"module_ref": Static(module), "training_arg": flag, "rng_streams": tuple(rng_streams)}
     return FlaxState.create(
-        params=params,
-        model_state=variables,
-        tx=tx,
-        losses=losses,
-        metrics=metrics,
-        key=key,
-        strategy=strategy,
-        module_ref=Static(module),
-        training_arg=flag,
-        rng_streams=tuple(rng_streams),
-        **options,
+        params=params, model_state=variables, tx=tx, losses=losses, key=key, **fields, **options
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import jax
 import optax
@@ -103,13 +103,11 @@ def create_nnx_state(
     tx: optax.GradientTransformation | None,
     *,
     losses: Mapping[str, Any] | None,
-    metrics: Mapping[str, Any] | None = None,
     key: jax.Array | int | None = None,
-    strategy: str | ciclo.managed.Strategy = "jit",
     wrt: Any = nnx.Param,
     training_arg: str | None = AUTO,
     rngs_arg: str | None = AUTO,
-    **options: Any,
+    **options: Unpack[ciclo.adapters.AdapterOptions],
 ) -> NNXState:
     """Builds an :class:`NNXState` for a ``flax.nnx`` model, ready for ``state.train_step``,
     ``test_step``, ``predict_step`` and every ciclo loop.
@@ -130,18 +128,16 @@ def create_nnx_state(
         tx: an optax optimizer (``None`` for a state that is only evaluated).
         losses: ``{name: fn(preds, targets)}``, e.g.
             ``{"loss": optax.softmax_cross_entropy_with_integer_labels}``.
-        metrics: ``{name: fn(preds, targets)}`` or ``ciclo.adapters.StatefulMetric``.
         key: an RNG key or seed for the per-step RNG streams (``None``: seed 0).
-        strategy: ``"jit"``, ``"eager"``, ``"data-parallel"``... or a Strategy.
         wrt: an ``nnx`` filter of the trainable variables (as in
             ``nnx.Optimizer(model, tx, wrt=...)``); default ``nnx.Param``.
         training_arg: a ``__call__`` argument set to the mode (``"auto"`` finds
             ``training``, ``train``, ``is_training``, ``deterministic``; ``None`` passes none).
         rngs_arg: a ``__call__`` argument given an ``nnx.Rngs`` at call time (``"auto"``
             finds ``rngs``; ``None`` passes none).
-        **options: the options of every adapter (the keys of dict batches, mixed precision,
-            averaged weights, ``trainable``: here also an ``nnx`` filter), listed once in
-            :func:`ciclo.adapters.check_options`.
+        **options: the options of every adapter (``metrics``, ``strategy``, the keys of
+            dict batches, mixed precision, averaged weights, ``trainable``: here also an
+            ``nnx`` filter), listed once in :class:`ciclo.adapters.AdapterOptions`.
 
     Returns:
         An :class:`NNXState`.
@@ -183,20 +179,11 @@ def create_nnx_state(
     streams = sorted(
         {node.tag for _, node in nnx.iter_graph(model) if isinstance(node, nnx.RngStream)}
     )
+    # the subclass's own fields, then those of every adapter
+    fields = {"graphdef_ref": Static(graphdef), "wrt": wrt, "training_arg": flag}
+    fields |= {"rng_streams": tuple(streams), "rngs_arg": call_rngs}
     return NNXState.create(
-        params=params,
-        model_state=model_state,
-        tx=tx,
-        losses=losses,
-        metrics=metrics,
-        key=key,
-        strategy=strategy,
-        graphdef_ref=Static(graphdef),
-        wrt=wrt,
-        training_arg=flag,
-        rng_streams=tuple(streams),
-        rngs_arg=call_rngs,
-        **options,
+        params=params, model_state=model_state, tx=tx, losses=losses, key=key, **fields, **options
     )
 
 

@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import haiku as hk
 import jax
@@ -85,13 +85,11 @@ def create_state(
     tx: optax.GradientTransformation | None,
     *,
     losses: Mapping[str, Any] | None,
-    metrics: Mapping[str, Any] | None = None,
     key: jax.Array | int | None = None,
-    strategy: str | ciclo.managed.Strategy = "jit",
     params: Any = None,
     model_state: Any = None,
     training_arg: str | None = AUTO,
-    **options: Any,
+    **options: Unpack[ciclo.adapters.AdapterOptions],
 ) -> HaikuState:
     """Builds a :class:`HaikuState` for a Haiku model, ready for ``state.train_step``,
     ``test_step``, ``predict_step`` and every ciclo loop.
@@ -113,16 +111,15 @@ def create_state(
         tx: an optax optimizer (``None`` for a state that is only evaluated).
         losses: ``{name: fn(preds, targets)}`` returning a scalar or per-example values,
             e.g. ``{"loss": optax.softmax_cross_entropy_with_integer_labels}``.
-        metrics: ``{name: fn(preds, targets)}`` or ``ciclo.adapters.StatefulMetric``.
         key: an RNG key or seed for initialization and dropout (``None``: seed 0).
-        strategy: ``"jit"``, ``"eager"``, ``"data-parallel"``... or a Strategy.
         params: already initialized parameters, used instead of ``model.init``.
         model_state: the Haiku state that goes with ``params`` (``{}`` when omitted).
         training_arg: the keyword argument that tells the function whether it trains:
             ``"auto"`` passes ``is_training`` when the function takes it; a name passes
             that argument; ``None`` passes none.
-        **options: the options of every adapter (the keys of dict batches, mixed precision,
-            averaged weights), listed once in :func:`ciclo.adapters.check_options`.
+        **options: the options of every adapter (``metrics``, ``strategy``, the keys of
+            dict batches, mixed precision, averaged weights, ``trainable``), listed once in
+            :class:`ciclo.adapters.AdapterOptions`.
 
     Returns:
         A :class:`HaikuState`.
@@ -158,19 +155,12 @@ def create_state(
             "model_state was given, but the model is an hk.Transformed, which has no Haiku "
             "state. Use hk.transform_with_state for a model with state, or drop model_state."
         )
+    # the subclass's own fields, then those of every adapter
+    fields = {"transformed": transformed, "training_arg": flag, "with_state": with_state}
+    fields["apply_rng"] = _apply_takes_rng(transformed, with_state)
+    model_state = dict(model_state)
     return HaikuState.create(
-        params=params,
-        model_state=dict(model_state),
-        tx=tx,
-        losses=losses,
-        metrics=metrics,
-        key=key,
-        strategy=strategy,
-        transformed=transformed,
-        training_arg=flag,
-        with_state=with_state,
-        apply_rng=_apply_takes_rng(transformed, with_state),
-        **options,
+        params=params, model_state=model_state, tx=tx, losses=losses, key=key, **fields, **options
     )
 
 

@@ -5,7 +5,7 @@ An adapter is a subclass of :class:`AdapterState` implementing one hook, ``apply
 ``ciclo.adapters`` entry-point group. What calling a model takes in every framework (the
 training flag of its ``__call__``, per-stream RNG keys, checked ``create_state`` options) is
 here too: :func:`detect_training_arg`, :func:`training_kwargs`, :func:`stream_keys`,
-:func:`check_options`. See ``docs/adapters.md`` for the guide.
+:class:`AdapterOptions`, :func:`check_options`. See ``docs/adapters.md`` for the guide.
 
 Example:
     >>> import ciclo
@@ -27,7 +27,7 @@ from .._plugins._discovery import (
 )
 from .._plugins._record import Adapter
 from ..managed._static import Static
-from ._adapter import STATIC, AdapterState, FunctionState, as_key, check_options
+from ._adapter import STATIC, AdapterOptions, AdapterState, FunctionState, as_key, check_options
 from ._batch import Batch, BatchFormat
 from ._functions import StatefulMetric, mean_metric, reduce_values
 from ._training import (
@@ -43,7 +43,8 @@ from ._training import (
 # fmt: off
 __all__ = [
     # the contract
-    "AdapterState", "FunctionState", "Static", "STATIC", "AUTO", "check_options",
+    "AdapterState", "FunctionState", "Static", "STATIC", "AUTO", "AdapterOptions",
+    "check_options",
     "Batch", "BatchFormat", "StatefulMetric", "mean_metric", "reduce_values", "as_key",
     # what calling a model takes
     "detect_training_arg", "training_kwargs", "detect_rng_arg", "find_argument",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypedDict, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +26,7 @@ import optax
 
 from .._records._logs import Logs
 from ..managed._fields import unknown_name_error
-from ..managed._precision import cast_floating, to_float32
+from ..managed._precision import LossScale, cast_floating, to_float32
 from ..managed._state import ManagedState
 from ..managed._step import step, train_step
 from ..managed._strategies import Strategy
@@ -40,7 +40,7 @@ from ._functions import (
 )
 from ._libraries import LibraryFunction
 
-__all__ = ["AdapterState", "FunctionState", "STATE_OPTIONS", "STATIC", "as_key", "check_options"]
+__all__ = ["AdapterOptions", "AdapterState", "FunctionState", "STATIC", "as_key", "check_options"]
 
 S = TypeVar("S", bound="AdapterState")
 
@@ -70,34 +70,53 @@ def as_key(key: jax.Array | int | None) -> jax.Array:
 #: Field metadata marking a static (non-array, hashable) field of a state.
 STATIC = {"static": True}
 
-#: The options of every adapter's ``create_state`` that are passed on as ``**options``.
-BATCH_OPTIONS = ("inputs_key", "targets_key", "sample_weight_key")
 
-#: The options of :meth:`ciclo.managed.ManagedState.create` every adapter's
-#: ``create_state`` passes on as ``**options``: mixed precision, averaged weights, trainable=.
+class AdapterOptions(TypedDict, total=False):
+    """The options every adapter's ``create_state`` takes in ``**options`` and passes on to
+    :meth:`AdapterState.create` and :meth:`ciclo.managed.ManagedState.create` (their Args say
+    what each does), so they are typed and documented once for every framework.
+
+    Example:
+        >>> from typing import Unpack
+        >>> import ciclo
+        >>> def create_state(model, *, losses, **options: Unpack[ciclo.adapters.AdapterOptions]):
+        ...     return options  # a type checker knows each option's type
+        >>> create_state(None, losses=None, strategy="eager")
+        {'strategy': 'eager'}
+    """
+
+    metrics: Mapping[str, Any] | None
+    strategy: str | Strategy
+    inputs_key: str | tuple[str, ...]
+    targets_key: str
+    sample_weight_key: str
+    compute_dtype: Any
+    loss_scale: float | str | LossScale | None
+    ema: float | None
+    trainable: Any
+
+
+# The old names of its keys, for one release (see _deprecated.py).
+BATCH_OPTIONS = ("inputs_key", "targets_key", "sample_weight_key")
 STATE_OPTIONS = ("compute_dtype", "loss_scale", "ema", "trainable")
 
 
 def check_options(
     options: Mapping[str, Any],
     factory: Callable[..., Any],
-    known: Iterable[str] = BATCH_OPTIONS + STATE_OPTIONS,
+    known: Iterable[str] = tuple(AdapterOptions.__annotations__),
 ) -> None:
     """Rejects the ``**options`` of an adapter's ``create_state`` that it does not take,
     naming the close match (a typo of ``strategy`` does not silently run under ``jit``).
 
-    Every adapter's ``create_state`` takes and passes on ``inputs_key``, ``targets_key``,
-    ``sample_weight_key`` (:meth:`AdapterState.create`), ``compute_dtype``, ``loss_scale``,
-    ``ema`` and ``trainable`` (:meth:`ciclo.managed.ManagedState.create`).
-
     Args:
         options: the keyword arguments ``factory`` received in ``**options``.
         factory: the ``create_state`` function; its named parameters are accepted names.
-        known: the names ``**options`` may hold (by default those above).
+        known: the names ``**options`` may hold (by default :class:`AdapterOptions`'s).
 
     Example:
         >>> import ciclo
-        >>> def create_state(model, *, strategy="jit", **options):
+        >>> def create_state(model, **options):
         ...     ciclo.adapters.check_options(options, create_state)
         >>> create_state(None, stratgey="eager")
         Traceback (most recent call last):
