@@ -4,6 +4,7 @@ format, the policies and their errors, the plan, placement on 8 simulated device
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import jax
@@ -224,6 +225,22 @@ def test_bad_arguments_name_the_culprit(tmp_path):
     (tmp_path / "w.txt").write_text("")
     with pytest.raises(ValueError, match="no ciclo or Orbax checkpoint directory"):
         ciclo.load_weights(make_state(), tmp_path / "w.txt")
+
+
+def test_weights_plan_takes_load_weights_arguments_and_names_itself():
+    # the same signature, read from load_weights, for help() and Sphinx
+    plan_signature = inspect.signature(ciclo.weights_plan)
+    assert plan_signature.parameters == inspect.signature(ciclo.load_weights).parameters
+    assert plan_signature.return_annotation is ciclo.WeightsPlan
+    by_name = ciclo.weights_plan(state=make_state(), source=params(), transform=None)
+    assert by_name == ciclo.weights_plan(make_state(), params())
+    assert by_name.loaded
+    with pytest.raises(TypeError, match=r"weights_plan\(\) got an unexpected keyword .*'missng'"):
+        ciclo.weights_plan(make_state(), params(), missng="keep")
+    with pytest.raises(TypeError, match=r"weights_plan\(\) missing a required argument: 'source'"):
+        ciclo.weights_plan(make_state())
+    with pytest.raises(ValueError, match=r"load_weights\(unexpected='drop'\): use one of"):
+        ciclo.weights_plan(make_state(), params(), unexpected="drop")
 
 
 @pytest.mark.parametrize(

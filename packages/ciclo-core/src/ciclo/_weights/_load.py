@@ -3,10 +3,11 @@ run's weights, matched by name, every difference decided by a policy and shown i
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,7 @@ from ._sources import Source, open_source
 __all__ = ["load_weights", "weights_plan"]
 
 S = TypeVar("S", bound=ManagedState)
+P = ParamSpec("P")
 Transform = Callable[[str], str | None] | Mapping[str, str] | None
 _POLICIES = ("error", "keep", "ignore")
 
@@ -36,8 +38,16 @@ def _rename(name: str, transform: Transform) -> str | None:
 
 
 def _plan(
-    state: Any, source: Any, transform: Transform, policies: dict[str, str], use: str, step: Any
+    state: Any,
+    source: Any,
+    transform: Transform,
+    missing: str,
+    unexpected: str,
+    mismatched: str,
+    use: str,
+    step: Any,
 ) -> tuple[WeightsPlan, Source]:
+    policies = {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
     if not isinstance(state, ManagedState):
         raise TypeError(f"load_weights needs a ciclo state (create_state), got {type(state)}.")
     for kind, policy in policies.items():
@@ -92,34 +102,6 @@ def _plan(
     return plan, opened
 
 
-def weights_plan(
-    state: Any,
-    source: Any,
-    *,
-    transform: Transform = None,
-    missing: str = "error",
-    unexpected: str = "error",
-    mismatched: str = "error",
-    use: str = "params",
-    step: int | None = None,
-) -> WeightsPlan:
-    """What :func:`load_weights` would do, without loading: a :class:`WeightsPlan` (its
-    ``str`` is the screen ``load_weights`` prints). Same arguments and errors.
-
-    Example:
-        >>> import ciclo, jax.numpy as jnp, optax
-        >>> state = ciclo.managed.ManagedState.create(
-        ...     params={"body": jnp.zeros(2), "head": jnp.zeros(3)}, tx=optax.sgd(0.1)
-        ... )
-        >>> print(ciclo.weights_plan(state, {"body": jnp.ones(2)}, missing="keep"))
-        weights plan: 1 loaded, 1 kept, 0 ignored, 0 mismatched, 0 cast
-          loaded     body
-          kept       head
-    """
-    policies = {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
-    return _plan(state, source, transform, policies, use, step)[0]
-
-
 def load_weights(
     state: S,
     source: Any,
@@ -162,8 +144,7 @@ def load_weights(
         >>> state.params["body"].tolist()
         [1.0, 1.0]
     """
-    policies = {"missing": missing, "unexpected": unexpected, "mismatched": mismatched}
-    plan, opened = _plan(state, source, transform, policies, use, step)
+    plan, opened = _plan(state, source, transform, missing, unexpected, mismatched, use, step)
     if writes_here(OUTPUT_PROCESS):
         print(plan)
     targets = named_leaves(state.params)
@@ -174,3 +155,35 @@ def load_weights(
     if state.ema_params is not None:
         new = new.replace(ema_params=initial_ema_params(params))
     return new.with_trainable(state.trainable)
+
+
+def _planning(load: Callable[P, Any]) -> Callable[P, WeightsPlan]:
+    """``load``'s signature, returning the plan instead of loading."""
+    signature = inspect.signature(load)
+
+    def weights_plan(*args: P.args, **kwargs: P.kwargs) -> WeightsPlan:
+        """What :func:`load_weights` would do, without loading: a :class:`WeightsPlan` (its
+        ``str`` is the screen ``load_weights`` prints). Same arguments and errors.
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp, optax
+            >>> state = ciclo.managed.ManagedState.create(
+            ...     params={"body": jnp.zeros(2), "head": jnp.zeros(3)}, tx=optax.sgd(0.1)
+            ... )
+            >>> print(ciclo.weights_plan(state, {"body": jnp.ones(2)}, missing="keep"))
+            weights plan: 1 loaded, 1 kept, 0 ignored, 0 mismatched, 0 cast
+              loaded     body
+              kept       head
+        """
+        try:
+            given = signature.bind(*args, **kwargs)
+        except TypeError as error:  # named as Python names a function's own
+            raise TypeError(f"weights_plan() {error}") from None
+        given.apply_defaults()
+        return _plan(**given.arguments)[0]
+
+    weights_plan.__signature__ = signature.replace(return_annotation=WeightsPlan)  # type: ignore[attr-defined]
+    return weights_plan
+
+
+weights_plan = _planning(load_weights)
