@@ -33,7 +33,7 @@ CALLBACKS = {
         "KerasBar",
         "total interval plain_interval width dynamic file process running_mean exclude",
     ),
-    "tqdm_bar": ("TqdmBar", "total interval file process running_mean exclude tqdm_kwargs"),
+    "tqdm_bar": ("TqdmBar", "total interval file running_mean exclude process tqdm_kwargs"),
     "throughput": ("Throughput", "steps flops_per_step peak_flops prefix"),
     "writer_logger": ("WriterLogger", "writer interval process hparams close"),
     "checkpoint": (

@@ -7,9 +7,8 @@ Example:
     'equinox'
 """
 
-from ._adapter import adapter as adapter
-from ._state import EquinoxState as EquinoxState
-from ._state import create_state as create_state
+from ._adapter import adapter
+from ._state import EquinoxState, create_state
 
 __all__ = ["EquinoxState", "adapter", "create_state"]
 

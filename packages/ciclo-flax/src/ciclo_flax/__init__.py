@@ -9,13 +9,10 @@ Example:
     'flax'
 """
 
-from ._adapter import adapter as adapter
-from ._linen import FlaxState as FlaxState
-from ._linen import create_state as create_state
-from ._nnx import NNXState as NNXState
-from ._nnx import create_nnx_state as create_nnx_state
-from ._sown import SownLoss as SownLoss
-from ._sown import SownMetric as SownMetric
+from ._adapter import adapter
+from ._linen import FlaxState, create_state
+from ._nnx import NNXState, create_nnx_state
+from ._sown import SownLoss, SownMetric
 
 __all__ = [
     "FlaxState",

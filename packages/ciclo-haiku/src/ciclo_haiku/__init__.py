@@ -3,14 +3,13 @@
 ``predict_step`` and ``reset_step`` (:func:`create_state`).
 
 Example:
-    >>> import ciclo_haiku
-    >>> ciclo_haiku.adapter.name
-    'haiku'
+    >>> import ciclo, ciclo_haiku  # found by its entry point, as every adapter is
+    >>> ciclo.adapters.get_adapter("haiku") is ciclo_haiku.adapter
+    True
 """
 
-from ._adapter import adapter as adapter
-from ._state import HaikuState as HaikuState
-from ._state import create_state as create_state
+from ._adapter import adapter
+from ._state import HaikuState, create_state
 
 __all__ = ["HaikuState", "adapter", "create_state"]
 

@@ -335,19 +335,9 @@ def train_loop(
     history = History() if history is None else history
     if sets:
         history.hint_missing(_why_not_evaluated(sets, runs, epoch, stop))
-    return loop(
-        state,
-        train_dataset,
-        train_tasks,
-        stop=stop,
-        on_start=start,
-        on_end=on_end,
-        history=history,
-        elapsed=elapsed,
-        batch_size_fn=batch_size_fn,
-        metadata=metadata,
-        **loop_kwargs,
-    )
+    loop_kwargs |= {"on_start": start, "on_end": on_end, "history": history, "elapsed": elapsed}
+    loop_kwargs |= {"batch_size_fn": batch_size_fn, "metadata": metadata}
+    return loop(state, train_dataset, train_tasks, stop=stop, **loop_kwargs)
 
 
 def _keeps_average(state: Any) -> bool:

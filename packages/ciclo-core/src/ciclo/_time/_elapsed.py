@@ -147,21 +147,16 @@ class Period:
         return any(compare(getattr(elapsed, f), v) for f, v in self.fields().items())
 
     @classmethod
-    def create(
-        cls,
-        steps: int | None = None,
-        samples: int | None = None,
-        time: float | None = None,
-        date: float | None = None,
-    ) -> Period:
-        """The original ciclo's constructor: :func:`at` (``Period.create(steps=1000)``).
+    def create(cls, steps: int | None = None, **others: Any) -> Period:
+        """The original ciclo's constructor: :func:`at`, which takes ``samples``, ``time``
+        and ``date`` as well (``Period.create(steps=1000)``).
 
         Example:
             >>> import ciclo
             >>> ciclo.Period.create(steps=10) == ciclo.at(10)
             True
         """
-        return at(steps, samples=samples, time=time, date=date)
+        return at(steps, **others)
 
     def fields(self) -> dict[str, int | float]:
         """The fields that are set."""

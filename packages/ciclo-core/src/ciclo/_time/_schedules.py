@@ -248,7 +248,8 @@ class _After(Schedule):
 def after(
     steps: int | None = None, *, samples: int | None = None, time: float | None = None
 ) -> _After:
-    """Fires on every call once the count reached the start; ``.every(n)`` every ``n`` from it.
+    """Fires on every call once the count reached the start (``after(10)``: from step 10
+    on); ``.every(n)`` fires every ``n`` from the start.
 
     Example:
         >>> import ciclo
@@ -346,12 +347,13 @@ def always() -> Schedule:
 
 
 def never() -> Schedule:
-    """Never fires.
+    """Never fires (:func:`always`'s opposite).
 
     Example:
         >>> import ciclo
-        >>> ciclo.never()(ciclo.Elapsed.create())
-        False
+        >>> elapsed = ciclo.Elapsed.create()
+        >>> ciclo.never()(elapsed), ciclo.always()(elapsed)
+        (False, True)
     """
     return _Constant(False)
 

@@ -188,11 +188,11 @@ class NamedFunctions(Mapping[str, Any]):
     def __getitem__(self, name: str) -> Any:
         return self._items[name]
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._items)
-
     def __len__(self) -> int:
         return len(self._items)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
 
     def __hash__(self) -> int:
         return hash(tuple(self._items.items()))

@@ -98,15 +98,10 @@ class LibraryFunction:
         sample_weight: Any = None,
         losses: Mapping[str, Any] | None = None,
     ) -> Any:
-        kwargs: dict[str, Any] = dict(losses or {})
-        kwargs.update(
-            preds=preds,
-            logits=preds,
-            target=targets,
-            targets=targets,
-            labels=targets,
-            sample_weight=sample_weight,
-        )
+        # Under each name a library may ask for them by.
+        kwargs: dict[str, Any] = {**(losses or {}), "sample_weight": sample_weight}
+        kwargs |= dict.fromkeys(("preds", "logits"), preds)
+        kwargs |= dict.fromkeys(("target", "targets", "labels"), targets)
         return _CALLS[self.library](self.obj, kwargs)
 
     def __repr__(self) -> str:

@@ -423,9 +423,9 @@ class TqdmBar(_Bar):
             :class:`KerasBar`.
         interval: seconds between redraws.
         file: where to write (tqdm's default, stderr, when ``None``).
-        process: the process that draws the bar (0), or ``None`` for every process.
         running_mean: training entries averaged over the epoch, as in :class:`KerasBar`.
         exclude: entries left out, as in :class:`KerasBar`.
+        process: the process that draws the bar (0), or ``None`` for every process.
         **tqdm_kwargs: passed to ``tqdm`` (``desc``, ``ncols``, ``leave``...).
 
     Example:
@@ -443,9 +443,9 @@ class TqdmBar(_Bar):
         *,
         interval: float = 0.1,
         file: IO[str] | None = None,
-        process: int | None = OUTPUT_PROCESS,
         running_mean: bool = False,
         exclude: Iterable[str] = EXCLUDED,
+        process: int | None = OUTPUT_PROCESS,
         **tqdm_kwargs: Any,
     ) -> None:
         super().__init__(total, interval, file, "tqdm_bar", process, running_mean, exclude)

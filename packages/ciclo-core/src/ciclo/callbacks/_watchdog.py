@@ -69,10 +69,9 @@ MSG_BAD_TIMEOUT = (
     "that phase; the default is {default:g}."
 )
 MSG_EXPIRED = (
-    "ciclo.watchdog: process {process} made no progress for {seconds:.1f} s in the phase "
-    "{phase!r} at step {step} (its deadline {name}={deadline:g} s); every thread's Python "
-    "stack follows. The job ends with exit status {status}. If this phase is that slow "
-    "when healthy, raise {name}."
+    "ciclo.watchdog: process {process} made {what}; every thread's Python stack follows. "
+    "The job ends with exit status {status}. If this phase is that slow when healthy, raise "
+    "{name}."
 )
 
 
@@ -217,26 +216,15 @@ class _Monitor:
     def _expire(self, phase: str, step: int, name: str, deadline: float, seconds: float) -> None:
         agreement = running_agreement()
         process = 0 if agreement is None else agreement.process
-        message = MSG_EXPIRED.format(
-            process=process,
-            seconds=seconds,
-            phase=phase,
-            step=step,
-            name=name,
-            deadline=deadline,
-            status=EXIT_STATUS,
-        )
+        what = f"no progress for {seconds:.1f} s in the phase {phase!r} at step {step}"
+        what += f" (its deadline {name}={deadline:g} s)"
+        message = MSG_EXPIRED.format(process=process, what=what, status=EXIT_STATUS, name=name)
         print(message, file=sys.stderr, flush=True)
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         sys.stderr.flush()
         self._write_event(step, deadline)
         if agreement is not None:
-            agreement.fail(
-                WatchdogExpired(
-                    f"its watchdog ended it: no progress for {seconds:.1f} s in the phase "
-                    f"{phase!r} at step {step} ({name}={deadline:g} s)"
-                )
-            )
+            agreement.fail(WatchdogExpired(f"its watchdog ended it: {what}"))
             if agreement.process == 0:  # it holds the coordination service: others first
                 agreement.wait_for_the_others(seconds=min(agreement.timeout, 10.0))
         sys.stdout.flush()

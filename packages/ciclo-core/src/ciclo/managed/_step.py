@@ -211,11 +211,11 @@ class ManagedStep:
             batch), and the state after the last batch.
 
         Example:
-            >>> import ciclo, jax.numpy as jnp, optax
+            >>> import ciclo, jax.numpy as jnp
+            >>> state = ciclo.managed.ManagedState.create(params={}, tx=None)
             >>> @ciclo.managed.step
             ... def count(state, batch):
             ...     return ciclo.logs().add_metric("sum", batch.sum()), state
-            >>> state = ciclo.managed.ManagedState.create(params={}, tx=None)
             >>> logs, state = count.many(state, [jnp.ones(2), 2 * jnp.ones(2)])
             >>> logs.metrics.sum.tolist()
             [2.0, 4.0]
