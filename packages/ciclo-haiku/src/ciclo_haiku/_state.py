@@ -155,10 +155,10 @@ def create_state(
             "model_state was given, but the model is an hk.Transformed, which has no Haiku "
             "state. Use hk.transform_with_state for a model with state, or drop model_state."
         )
+    model_state = dict(model_state)
     # the subclass's own fields, then those of every adapter
     fields = {"transformed": transformed, "training_arg": flag, "with_state": with_state}
     fields["apply_rng"] = _apply_takes_rng(transformed, with_state)
-    model_state = dict(model_state)
     return HaikuState.create(
         params=params, model_state=model_state, tx=tx, losses=losses, key=key, **fields, **options
     )
