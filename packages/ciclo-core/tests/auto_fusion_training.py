@@ -10,6 +10,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -44,11 +45,16 @@ def plain_step(state: Any, batch: Any) -> Any:
     return ciclo.logs().add_loss("loss", loss), state
 
 
-def batches(kill_at: int | None = None) -> Iterator[Any]:
+def batches(kill_at: int | None = None, directory: str = "") -> Iterator[Any]:
     rng = np.random.default_rng(0)
     for i in range(STEPS):
-        if i == kill_at:
-            time.sleep(1.0)  # the checkpoint of step 10 is written by then
+        if i == kill_at:  # once a checkpoint is committed (a step-named folder), or 60 s
+            deadline = time.monotonic() + 60
+            folder = Path(directory)
+            while time.monotonic() < deadline and not (
+                folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
+            ):
+                time.sleep(0.02)
             print(f"killed at {i}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         yield rng.normal(size=(8, 4)).astype(np.float32), rng.normal(size=8).astype(np.float32)
@@ -68,7 +74,7 @@ def run(
         )
         step = train_step
     tasks = {ciclo.every(1): step, ciclo.every(EVERY): ciclo.checkpoint(directory, keep=2)}
-    data = list(batches()) if resume else batches(kill_at)
+    data = list(batches()) if resume else batches(kill_at, directory)
     return ciclo.loop(state, data, tasks, stop=STEPS, resume=directory if resume else None)
 
 
