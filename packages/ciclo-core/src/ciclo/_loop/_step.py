@@ -14,14 +14,15 @@ from ._callback import NO_CHANGE, Callback
 from ._in_flight import InFlight
 from ._state import LoopState
 
-__all__ = ["run_callbacks", "commit", "run_step"]
+__all__ = ["run_step", "run_callbacks", "commit"]
 
 
-def run_callbacks(callbacks: Iterable[Callback], loop_state: LoopState) -> None:
-    """Runs callbacks in order, threading the state and collecting their logs in
-    ``loop_state.logs``: the first logs of a step are adopted as they are when the callback
-    returns new ones each call (a compiled step), copied otherwise; later ones are merged.
-    """
+def run_step(
+    loop_state: LoopState, callbacks: Iterable[Callback], in_flight: InFlight | None = None
+) -> None:
+    """The per-step primitive: runs ``callbacks`` in order, threading the state and
+    collecting their logs in ``loop_state.logs`` (a compiled step's adopted, others copied,
+    later ones merged); with ``in_flight``, commits them and counts the step in flight."""
     for callback in callbacks:
         try:
             logs, state = callback(loop_state)
@@ -38,6 +39,19 @@ def run_callbacks(callbacks: Iterable[Callback], loop_state: LoopState) -> None:
                 current.merge(logs)
             else:
                 loop_state.logs = logs if callback.fresh_logs else Logs(logs)
+    if in_flight is None:
+        return
+    logs = loop_state.logs
+    if logs:  # commit(loop_state), inlined: benchmarks/loop_overhead.py, trivial step
+        loop_state.history.commit(loop_state.elapsed, logs)
+    in_flight.countdown -= 1  # InFlight.push_tree, inlined: the same benchmark
+    if in_flight.countdown == 0:
+        in_flight.mark(logs, loop_state.state)
+
+
+def run_callbacks(callbacks: Iterable[Callback], loop_state: LoopState) -> None:
+    """:func:`run_step` outside a step (a loop's start and end): nothing is committed."""
+    run_step(loop_state, callbacks)
 
 
 def commit(loop_state: LoopState) -> None:
@@ -45,15 +59,3 @@ def commit(loop_state: LoopState) -> None:
     logs = loop_state.logs
     if logs:
         loop_state.history.commit(loop_state.elapsed, logs)
-
-
-def run_step(loop_state: LoopState, callbacks: Iterable[Callback], in_flight: InFlight) -> None:
-    """The per-step primitive: runs ``callbacks`` in order on the step's logs so far
-    (``loop_state.logs``), commits the step's logs and counts the step in flight."""
-    run_callbacks(callbacks, loop_state)
-    logs = loop_state.logs
-    if logs:  # commit(loop_state), inlined: benchmarks/loop_overhead.py, trivial step
-        loop_state.history.commit(loop_state.elapsed, logs)
-    in_flight.countdown -= 1  # InFlight.push_tree, inlined: the same benchmark
-    if in_flight.countdown == 0:
-        in_flight.mark(logs, loop_state.state)

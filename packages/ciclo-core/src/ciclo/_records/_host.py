@@ -145,7 +145,7 @@ def is_landed(chunks: Chunks) -> bool:
 
 def land_stacked(chunks: Chunks) -> np.ndarray:
     """The values :func:`send_stacked` sent, as one NumPy array (waits for the copies)."""
-    parts = [fetched[:count] for count, fetched in jax.device_get(chunks)]
+    parts = [np.asarray(chunk)[:count] for count, chunk in chunks]  # device_get: 16 us more
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
