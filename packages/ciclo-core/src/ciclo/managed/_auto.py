@@ -3,12 +3,11 @@
 
 A :class:`AutoFusion` per step and strategy measures, while the loop runs, the time per
 step and the share of it the host spends dispatching the step (the fastest of a few
-windows). While dispatch takes more than :data:`DISPATCH_SHARE` of the time, it doubles K
-(1, 2, 4, ... :data:`MAX_STEPS`); once dispatch no longer dominates, or :data:`MISSES`
-doublings in a row did not make a step at least ``1 - GAIN`` faster than the fastest K so
-far, or a whole loop is too short to measure the next K, it keeps that fastest K (and
-measures again from it every :data:`REPROBE_SECONDS`). A large step's dispatch is a small
-share from the first measurement, so it keeps K = 1 and never compiles a fused call.
+windows). A step whose dispatch takes at most :data:`DISPATCH_SHARE` of the time at K = 1
+keeps K = 1: a large step never compiles a fused call. Otherwise it doubles K (2, 4, ...
+:data:`MAX_STEPS`) until :data:`MISSES` doublings in a row did not make a step at least
+``1 - GAIN`` faster than the fastest K so far, or a whole loop is too short to measure the
+next K, and keeps that fastest K (measuring again from it every :data:`REPROBE_SECONDS`).
 Groups cut short by a schedule run as calls of powers of 2 (:func:`power_of_2_parts`), so
 at most ``log2(MAX_STEPS) + 1`` fused programs are compiled. With several processes, K
 stays 1: each process would measure its own, and their fused calls must match.
@@ -27,8 +26,8 @@ __all__ = ["AutoFusion", "MAX_STEPS", "power_of_2_parts"]
 
 #: The largest K auto-fusion uses.
 MAX_STEPS = 64
-#: Fusing pays while dispatching takes more than this share of the loop's time (doubling K
-#: then saves about half of it: at least 10%, :data:`GAIN`).
+#: Fusing is tried when dispatching takes more than this share of the loop's time at K = 1
+#: (doubling K then saves about half of it: at least 10%, :data:`GAIN`).
 DISPATCH_SHARE = 0.2
 #: A doubled K is kept when a step takes at most this fraction of its time before.
 GAIN = 0.9
@@ -37,8 +36,8 @@ GAIN = 0.9
 MISSES = 3
 #: A doubled K whose steps are this many times slower than the fastest K's is never tried
 #: again, not even when measured anew (XLA:CPU ran a small CNN's convolutions 13x slower
-#: under the fused call's loop: a structural cost, not a busy moment).
-SLOWER = 2.0
+#: under the fused call's loop: a structural cost; a busy host read K = 2 2.3x slower once).
+SLOWER = 4.0
 #: A measurement (a window) spans at least this many seconds, :data:`WINDOW_CALLS` calls and
 #: two of the loop's in-flight periods (the host waits for the device once a period, so a
 #: shorter window would not see the device's time); each decision takes the fastest of
@@ -184,7 +183,10 @@ class AutoFusion:
             self.misses += 1
             if per_step > SLOWER * self.best:  # fusing this far is slower by construction
                 self.ceiling = self.k // 2
-        if share <= DISPATCH_SHARE or self.k >= self.ceiling or self.misses == MISSES:
+        # the share decides at K = 1 only: fused, it falls with K (a busy host read 0.14-0.17
+        # at K = 2-16 where K = 32 still halved the step: benchmarks/NOTES.md)
+        unfused = share <= DISPATCH_SHARE and self.k == 1
+        if unfused or self.k >= self.ceiling or self.misses == MISSES:
             self._settle()
         else:
             self.k *= 2
