@@ -50,7 +50,7 @@ def run_step(
 
 
 def run_callbacks(callbacks: Iterable[Callback], loop_state: LoopState) -> None:
-    """:func:`run_step` outside a step (a loop's start and end): nothing is committed."""
+    """:func:`run_step` outside a step (a loop's start and end, an epoch's end): no commit."""
     run_step(loop_state, callbacks)
 
 
