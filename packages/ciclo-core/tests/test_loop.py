@@ -419,37 +419,30 @@ def test_steps_in_flight_default_to_8_marked_every_8_steps_on_every_backend(monk
     made = []
 
     class Recorded(_engine.InFlight):
-        def __init__(self, limit, every=None):
-            super().__init__(limit, every)
-            made.append((limit, self.every))
+        def __init__(self, limit):
+            super().__init__(limit)
+            made.append(limit)
 
     monkeypatch.setattr(_engine, "InFlight", Recorded)
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
     step = jax.jit(lambda state, batch: (ciclo.logs().add_loss("l", state), state + 1.0))
     ciclo.loop(jnp.zeros(()), ones(3), {ciclo.every(1): step})
     ciclo.loop(jnp.zeros(()), ones(3), {ciclo.every(1): step}, max_steps_in_flight=3)
-    assert made == [(8, 8), (3, 3)]
+    assert made == [8, 3]
 
 
-@pytest.mark.parametrize(("every", "kept"), [(1, [3, 4]), (2, [3]), (None, [3])])
-def test_in_flight_keeps_the_marks_it_has_not_waited_for_yet(every, kept):
+@pytest.mark.parametrize(("limit", "kept"), [(1, [4]), (2, [3])])
+def test_in_flight_keeps_the_marks_it_has_not_waited_for_yet(limit, kept):
     from ciclo._loop._in_flight import InFlight
 
-    in_flight = InFlight(2, every)
+    in_flight = InFlight(limit)
     arrays = [jnp.full((), float(i)) for i in range(5)]
     for array in arrays:
         in_flight.push_tree(array)
-    # every=1: each step waits for the step 2 before; every=2: each 2nd step waits for
-    # the mark made 2 steps before. The marks left are those not waited for.
+    # Each limit-th step is marked and waits for the mark before it: the mark left is the
+    # last one, not waited for yet.
     assert [int(mark) for mark in in_flight.marks] == kept
     assert all(mark is arrays[i] for mark, i in zip(in_flight.marks, kept, strict=True))
-
-
-def test_in_flight_marks_every_must_divide_the_limit():
-    from ciclo._loop._in_flight import InFlight
-
-    with pytest.raises(ValueError, match=r"InFlight\(every=3\) must divide limit=4"):
-        InFlight(4, every=3)
 
 
 def test_donated_state_buffers_do_not_break_the_in_flight_bound():

@@ -25,10 +25,9 @@ STEPS_IN_FLIGHT = 8
 class InFlight:
     """Bounds how many steps JAX may have queued ahead of Python.
 
-    Every ``every`` steps (by default ``limit``), the step's result is marked, and the loop
-    waits for the mark made ``limit`` steps before it: so at most ``limit + every`` steps
-    are queued, and a step pays a counter (the wait, when there is one, is shared by
-    ``every`` steps). ``limit <= 0``: unbounded.
+    Every ``limit`` steps, the step's result is marked, and the loop waits for the mark
+    made before it: so at most ``2 * limit`` steps are queued, and a step pays a counter
+    (the wait, when there is one, is shared by ``limit`` steps). ``limit <= 0``: unbounded.
 
     Example:
         >>> import jax.numpy as jnp
@@ -37,29 +36,18 @@ class InFlight:
         ...     in_flight.push_tree(jnp.ones(()) * i)
         >>> len(in_flight.marks)  # marks made at steps 2 and 4; the first was waited for
         1
-        >>> in_flight = InFlight(limit=2, every=1)
-        >>> for i in range(5):
-        ...     in_flight.push_tree(jnp.ones(()) * i)
-        >>> len(in_flight.marks)  # the marks of the last 2 steps; the others were waited for
-        2
     """
 
-    __slots__ = ("countdown", "every", "held", "limit", "marks")
+    __slots__ = ("countdown", "limit", "marks")
 
-    def __init__(self, limit: int, every: int | None = None) -> None:
+    def __init__(self, limit: int) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(
                 f"max_steps_in_flight must be an int >= 0 (the steps JAX may run ahead of "
                 f"Python; 0: unbounded), got {limit!r}."
             )
-        every = limit if every is None or limit == 0 else every
-        if limit and (every < 1 or limit % every):
-            raise ValueError(f"InFlight(every={every}) must divide limit={limit}.")
-        self.limit, self.every = limit, every
-        # countdown: steps until the next mark (never reaching 0 when unbounded); held: the
-        # marks kept, those of the last ``limit`` steps
-        self.countdown = every if limit > 0 else -1
-        self.held = limit // every if limit > 0 else 0
+        self.limit = limit
+        self.countdown = limit if limit > 0 else -1  # steps to the next mark (never 0: unbounded)
         self.marks: deque[jax.Array] = deque()
 
     def push_tree(self, *trees: Any) -> None:
@@ -71,7 +59,7 @@ class InFlight:
     def mark(self, *trees: Any) -> None:
         """Marks this step by the first array of ``trees`` and waits for the mark made
         ``limit`` steps before; the loop calls it when :attr:`countdown` reaches 0."""
-        self.countdown = self.every
+        self.countdown = self.limit
         for tree in trees:
             marker = first_array(tree)
             if marker is not None:
@@ -80,7 +68,7 @@ class InFlight:
             return
         marks = self.marks
         marks.append(marker)
-        if len(marks) > self.held:
+        if len(marks) > 1:
             oldest = marks.popleft()
             if not oldest.is_deleted():  # donated buffers are gone, and so finished
                 oldest.block_until_ready()

@@ -86,9 +86,9 @@ def loop(
         batch_size_fn: ``batch -> int`` to count samples (leading dimension by default).
         metadata: free-form data exposed as ``loop_state.metadata``.
         max_steps_in_flight: how many steps JAX may run ahead of Python (0: unbounded;
-            by default 8). The loop marks a step every ``max_steps_in_flight`` steps and
-            waits for the mark before it, so at most twice as many are queued, and a step
-            pays a counter.
+            by default 8; a fused call counts as one). The loop marks a step every
+            ``max_steps_in_flight`` steps and waits for the mark before it, so at most
+            twice as many are queued, and a step pays a counter.
         stop_signals: signals that end the loop gracefully: the current step finishes,
             a ``ciclo.checkpoint`` of the loop saves, ``on_end`` runs, then the loop
             returns after Ctrl-C (SIGINT), and the process exits with status

@@ -22,7 +22,7 @@ import jax
 
 from .._time._phases import COMPILE_EVENTS
 
-__all__ = ["AutoFusion", "MAX_STEPS", "power_of_2_parts"]
+__all__ = ["AutoFusion", "MAX_STEPS", "power_of_2_parts", "synced_now"]
 
 #: The largest K auto-fusion uses.
 MAX_STEPS = 64
@@ -39,13 +39,13 @@ MISSES = 3
 #: under the fused call's loop: a structural cost; a busy host read K = 2 2.3x slower once).
 SLOWER = 4.0
 #: A measurement (a window) spans at least this many seconds, :data:`WINDOW_CALLS` calls and
-#: two of the loop's in-flight periods (the host waits for the device once a period, so a
-#: shorter window would not see the device's time); each decision takes the fastest of
-#: :data:`WINDOWS` windows (something else that ran in a window, an evaluation between two
-#: groups, only ever slows it down, so it does not decide). Time JAX spent compiling is
-#: left out of a window; a loop that ends inside one (a new loop counts its steps afresh)
-#: closes it at its last group's start, if it holds :data:`WINDOW_STEPS` steps by then (so
-#: loops shorter than a window, a few hundred fast steps each, are measured too).
+#: two of the loop's in-flight periods, from and to a moment the device has run every call
+#: made (:func:`synced_now`); each decision takes the fastest of :data:`WINDOWS` windows
+#: (something else that ran in a window, an evaluation between two groups, only slows it
+#: down). Time JAX spent compiling is left out of a window. A window that held the whole
+#: of a loop shorter than a window (a new loop counts its steps afresh) is read up to its
+#: last group's start, if it holds :data:`WINDOW_STEPS` steps (so loops of a few hundred
+#: fast steps are measured too); one opened inside a loop and cut by its end is dropped.
 WINDOW_SECONDS = 0.02
 WINDOW_CALLS = 4
 WINDOW_STEPS = 16  # two periods of the loop's default bound (8: _loop/_in_flight.py)
@@ -63,6 +63,14 @@ _listening: list[bool] = []
 def _count_compiles(event: str, duration_secs: float, **_: str | int) -> None:
     if event in COMPILE_EVENTS:  # the ledger's definition of compiling
         _compiling[0] += duration_secs
+
+
+def synced_now(state: Any) -> float:
+    """The time once the device has computed ``state`` (the arrays not donated since)."""
+    for leaf in jax.tree_util.tree_leaves(state):
+        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+            leaf.block_until_ready()
+    return time.perf_counter()
 
 
 def power_of_2_parts(count: int) -> list[int]:
@@ -145,18 +153,19 @@ class AutoFusion:
         if self.first_steps < 0:
             self.first_steps = steps
         if self.start is None or steps <= self.start_steps:
-            if self.start is not None:  # a new loop: the last one's groups but its last
-                if self.seen[1] - self.start_steps >= WINDOW_STEPS:
+            if self.start is not None:  # a new loop: see WINDOW_SECONDS
+                whole, self.first_steps = self.start_steps == self.first_steps, steps
+                if whole and self.seen[1] - self.start_steps >= WINDOW_STEPS:
                     self._close(*self.seen)
-                elif self.start_steps == self.first_steps and self.best < float("inf"):
+                elif whole and self.best < float("inf"):
                     self._settle()  # a whole loop is too short to measure this K
-                self.first_steps = steps
-            self._open(now, steps, compiled)  # the first window, or a new loop's
+            self._open(synced_now(loop_state.state), steps, compiled)
             return self.k
         span, count = now - self.start - (compiled - self.compiled), steps - self.start_steps
         if span < WINDOW_SECONDS or count < max(WINDOW_CALLS * self.k, WINDOW_STEPS):
             self.seen = (now, steps, compiled, self.dispatch)
             return self.k
+        now = synced_now(loop_state.state)
         self._close(now, steps, compiled, self.dispatch)
         self._open(now, steps, compiled)
         return self.k
@@ -166,7 +175,7 @@ class AutoFusion:
         self.seen = (now, steps, compiled, 0.0)
 
     def _close(self, now: float, steps: int, compiled: float, dispatch: float) -> None:
-        """Ends the window at a group's start (``now``): every group before it has run."""
+        """Ends the window at a group's start (``now``), once every group before it ran."""
         span = now - self.start - (compiled - self.compiled)  # type: ignore[operator]
         if span <= 0:  # all of it compiling
             return
