@@ -207,6 +207,21 @@ def test_a_k_whose_fused_steps_are_much_slower_is_never_tried_again(monkeypatch)
     assert (auto.k, auto.ceiling) == (1, 1)
 
 
+def test_one_window_whose_dispatch_reads_slow_does_not_fuse_a_large_step(monkeypatch):
+    # A 1 ms step with 30 us of dispatch; in the second of the first 3 windows (20-40 ms) a
+    # busy host preempts the dispatch (0.3 ms) and that window reads fastest (0.9 ms a
+    # step). The middle of the 3 shares decides: K = 1 is kept, no fused call compiled (the
+    # fastest window's share, 0.33, had K = 2, 4 and 8 compiled).
+    def busy():
+        return 0.02 <= _auto.time.perf_counter() < 0.04
+
+    chosen, auto = drive(
+        monkeypatch, lambda k: 0.9e-3 if busy() else 1e-3, lambda k: 0.3e-3 if busy() else 30e-6
+    )
+    assert set(chosen) == {1}
+    assert auto.settled
+
+
 def test_a_large_step_keeps_k_1(monkeypatch):
     # 30 us of dispatch in a 1 ms step: never fused, never a fused call compiled.
     chosen, auto = drive(monkeypatch, lambda k: 1e-3, lambda k: 30e-6)
