@@ -45,10 +45,10 @@ SLOWER = 4.0
 #: (something else that ran in a window, an evaluation between two groups, only slows it
 #: down) and the middle of their dispatch shares (a busy host's preempted dispatch read 0.21
 #: of a 2 ms step in one window, 0.02-0.14 in the others). Time JAX spent compiling is left
-#: out of a window. A window that held the whole
-#: of a loop shorter than a window (a new loop counts its steps afresh) is read up to its
-#: last group's start, if it holds :data:`WINDOW_STEPS` steps (so loops of a few hundred
-#: fast steps are measured too); one opened inside a loop and cut by its end is dropped.
+#: out of a window. A window that held the whole of a loop shorter than a window (a new
+#: loop counts its steps afresh) is read up to its last group's start, if it holds
+#: :data:`WINDOW_STEPS` steps (so loops of a few hundred fast steps are measured too); one
+#: opened inside a loop and cut by its end is dropped (its end could not wait).
 WINDOW_SECONDS = 0.02
 WINDOW_CALLS = 4
 WINDOW_STEPS = 16  # two periods of the loop's default bound (8: _loop/_in_flight.py)
