@@ -40,9 +40,9 @@ def candidates(state: Any, dataset: list, step: Callable) -> dict[str, Callable[
             kept.append(logs)
         jax.block_until_ready(s)
 
-    def bounded(limit: int, every: int | None) -> Callable[[], None]:
+    def bounded(limit: int) -> Callable[[], None]:
         def run() -> None:
-            s, in_flight = state, InFlight(limit, every)
+            s, in_flight = state, InFlight(limit)
             for batch in dataset:
                 logs, s = step(s, batch)
                 in_flight.push_tree(logs, s)
@@ -71,10 +71,9 @@ def candidates(state: Any, dataset: list, step: Callable) -> dict[str, Callable[
     return {
         HAND_WRITTEN: hand_written,
         "+ every step's logs kept alive": keeping_logs,
-        "+ InFlight(1), a wait each step": bounded(1, 1),
-        "+ InFlight(2), a wait each step": bounded(2, 1),
-        "+ InFlight(2), a wait every 2 steps": bounded(2, 2),
-        "+ InFlight(8), a wait every 8 steps (the default)": bounded(8, 8),
+        "+ InFlight(1), a wait each step": bounded(1),
+        "+ InFlight(2), a wait every 2 steps": bounded(2),
+        "+ InFlight(8), a wait every 8 steps (the default)": bounded(8),
         "+ ciclo.elapse": elapsing(commit=False),
         "+ ciclo.elapse + History.commit": elapsing(commit=True),
         "ciclo.loop, max_steps_in_flight=0": looping(0),
