@@ -86,7 +86,7 @@ def drive(
     while clock.now < seconds:
         loop_state.elapsed = SimpleNamespace(steps=step)
         k = auto.steps(loop_state)
-        if ahead and k != ([1, *chosen][-1]):
+        if ahead and k != (chosen[-1] if chosen else 1):  # a new K: compiled first
             clock.now += 0.05
             _auto._count_compiles("/jax/core/compile/backend_compile_duration", 0.05)
         chosen.append(k)
