@@ -102,6 +102,64 @@ def test_history_keeps_rows_in_order_across_host_device_and_stacked_commits() ->
     ]
 
 
+_RETURNS = {
+    "logs and state": lambda state, logs: (logs, state + 1),
+    "logs and None": lambda state, logs: (logs, None),
+    "None and state": lambda state, logs: (None, state + 1),
+    "outputs, logs and state": lambda state, logs: ({"y": state}, logs, state + 1),
+    "the state alone": lambda state, logs: state + 1,
+    "None": lambda state, logs: None,
+    "a list": lambda state, logs: [logs],
+}
+
+
+@pytest.mark.parametrize("kind", list(_RETURNS))
+def test_a_state_batch_step_called_in_place_reads_as_any_callback(kind) -> None:
+    # run_step calls a (state, batch) callback itself; one taking elapsed too goes through
+    # Callback.__call__. Every return, good or bad, must read the same both ways.
+    def outcome(step):
+        try:
+            state, history, _ = ciclo.loop(0, range(3), {ciclo.every(1): step})
+        except TypeError as error:
+            return str(error)
+        return state, [{k: v for k, v in row.items() if k != "elapsed"} for row in history]
+
+    def two(state, batch):
+        return _RETURNS[kind](state, ciclo.logs().add_metric("b", batch))
+
+    def three(state, batch, elapsed):
+        return _RETURNS[kind](state, ciclo.logs().add_metric("b", batch))
+
+    three.__qualname__ = two.__qualname__  # the same name in the messages
+    assert outcome(two) == outcome(three)
+    if kind == "a list":
+        with pytest.raises(TypeError, match=r"callback .*two returned"):
+            ciclo.loop(0, range(3), {ciclo.every(1): two})
+
+
+def test_a_stop_that_cuts_a_state_batch_callback_is_recorded_and_raises_nothing() -> None:
+    from ciclo._loop._callback import LoopInterrupted
+
+    def evaluate(state, batch):
+        if batch == 1:  # as a loop run inside it does when the outer loop's stop cut it
+            raise LoopInterrupted("stopped by SIGTERM")
+        return ciclo.logs().add_metric("b", batch), state + 1
+
+    reasons = []
+    state, history, _ = ciclo.loop(
+        0,
+        range(3),
+        {ciclo.every(1): evaluate},
+        on_end=lambda s, b, e, loop_state: reasons.append(loop_state.stop_reason),
+    )
+    assert state == 2  # the cut call changed nothing
+    assert history.collect("steps", "b") == ([0, 2], [0, 2])
+    assert reasons == [
+        "stopped by SIGTERM; "
+        f"{evaluate.__qualname__} at step 1 ended at its next batch and is not recorded"
+    ]
+
+
 def test_hook_probes() -> None:
     bar = ciclo.keras_bar(10)
 

@@ -264,7 +264,7 @@ class Callback:
     def __call__(self, loop_state: LoopState) -> tuple[Logs | None, Any]:
         arity = self.arity
         try:
-            if arity == 2:  # the common (state, batch) step
+            if arity == 2:  # the common (state, batch) step (run_step calls it itself)
                 out = self.method(loop_state.state, loop_state.batch)
             elif arity < 0:
                 out = self.method(loop_state)
@@ -272,23 +272,25 @@ class Callback:
                 args = (loop_state.state, loop_state.batch, loop_state.elapsed, loop_state)
                 out = self.method(*args[:arity])
         except LoopInterrupted as cut:
-            # The outer loop is stopping (it has stop_iteration set): say what was cut.
-            loop_state.stop_reason = (
-                f"{cut.reason}; {self.name} at step {loop_state.elapsed.steps} ended at its "
-                f"next batch and is not recorded{cut.then}"
-            )
-            return None, NO_CHANGE
+            return self.cut_short(loop_state, cut)
+        return self.result(out)
+
+    def cut_short(self, loop_state: LoopState, cut: LoopInterrupted) -> tuple[None, Any]:
+        """An outer loop's stop cut it (``cut``): nothing recorded, the reason says so."""
+        loop_state.stop_reason = (
+            f"{cut.reason}; {self.name} at step {loop_state.elapsed.steps} ended at its next "
+            f"batch and is not recorded{cut.then}"
+        )
+        return None, NO_CHANGE
+
+    def result(self, out: Any) -> tuple[Logs | None, Any]:
+        """Its return value as ``(logs or None, state or NO_CHANGE)`` (``parse_return``)."""
         if out is None:
             return None, NO_CHANGE
         if type(out) is tuple and len(out) == 2:  # (logs, state): the common case, checked
             logs, state = out
             if logs is None or type(logs) is Logs:
                 return logs, (NO_CHANGE if state is None else state)
-        return self.parse(out)
-
-    def parse(self, out: Any) -> tuple[Logs | None, Any]:
-        """Validates a return value; returns ``(logs or None, state or NO_CHANGE)`` (the
-        rules are :func:`~ciclo._loop._returns.parse_return`)."""
         return parse_return(out, f"callback {self.name}")
 
 

@@ -2,7 +2,7 @@
 
 :func:`run` is the whole per-step path of every loop. Per batch it takes the callbacks that
 fire (:class:`~ciclo._loop._plan.TaskPlan`: a comparison when only ``every(1)`` tasks fire),
-runs them in order (:func:`~ciclo._loop._step.run_callbacks`), commits the step's logs,
+runs them in order (:func:`~ciclo._loop._step.run_step`), commits the step's logs,
 bounds the steps in flight and runs what callbacks queued for the step's end. Consecutive
 steps of a fused callback (K steps per call) are collected by the same path into a
 :class:`~ciclo._loop._fusion.Group` and run as one call.
@@ -28,7 +28,7 @@ from ._hooks import steps_per_call
 from ._in_flight import InFlight
 from ._plan import TaskPlan
 from ._state import LoopState
-from ._step import run_callbacks, run_step
+from ._step import run_step
 
 __all__ = ["run"]
 
@@ -132,6 +132,6 @@ def _fused_step(
                 group = Group(callback, size, loop_state.logs, loop_state.batch)
                 group.add(loop_state.elapsed, loop_state.batch, list(fired))
                 return group
-        run_callbacks((callback,), loop_state)
+        run_step(loop_state, (callback,))
     run_step(loop_state, (), in_flight)
     return None

@@ -92,7 +92,7 @@ class Group:
         try:
             out = self.fused.fn.__loop_callback_many__(loop_state, self.batches)
             last_logs = out[2] if type(out) is tuple and len(out) == 3 else None
-            logs, state = self.fused.parse(out if last_logs is None else out[:2])
+            logs, state = self.fused.result(out if last_logs is None else out[:2])
         except Exception as error:
             first, last = self.elapsed[0].steps, self.elapsed[-1].steps
             error.add_note(f"(in ciclo callback {self.fused.name} at steps {first}-{last})")

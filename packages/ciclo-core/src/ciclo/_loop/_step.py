@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .._records._logs import Logs
-from ._callback import NO_CHANGE, Callback
+from ._callback import NO_CHANGE, Callback, LoopInterrupted
 from ._in_flight import InFlight
 from ._state import LoopState
 
-__all__ = ["run_step", "run_callbacks", "commit"]
+__all__ = ["run_step", "commit"]
 
 
 def run_step(
@@ -25,13 +25,22 @@ def run_step(
     later ones merged); with ``in_flight``, commits them and counts the step in flight."""
     for callback in callbacks:
         try:
-            logs, state = callback(loop_state)
+            if callback.arity != 2:
+                logs, state = callback(loop_state)
+            else:  # Callback.__call__, inlined for a (state, batch) step: one frame fewer a step
+                out = callback.method(loop_state.state, loop_state.batch)
+                if type(out) is tuple and len(out) == 2 and type(out[0]) is Logs:
+                    logs, state = out  # (benchmarks/loop_overhead.py, trivial step)
+                else:
+                    logs, state = callback.result(out)
+        except LoopInterrupted as cut:
+            logs, state = callback.cut_short(loop_state, cut)
         except Exception as error:
             error.add_note(
                 f"(in ciclo callback {callback.name} at step {loop_state.elapsed.steps})"
             )
             raise
-        if state is not NO_CHANGE:
+        if state is not NO_CHANGE and state is not None:
             loop_state.state = state
         if logs:
             current = loop_state.logs
@@ -47,11 +56,6 @@ def run_step(
     in_flight.countdown -= 1  # InFlight.push_tree, inlined: the same benchmark
     if in_flight.countdown == 0:
         in_flight.mark(logs, loop_state.state)
-
-
-def run_callbacks(callbacks: Iterable[Callback], loop_state: LoopState) -> None:
-    """:func:`run_step` outside a step (a loop's start and end, an epoch's end): no commit."""
-    run_step(loop_state, callbacks)
 
 
 def commit(loop_state: LoopState) -> None:

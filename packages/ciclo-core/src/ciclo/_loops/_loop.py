@@ -28,7 +28,7 @@ from .._loop._hooks import PhaseWatcher, RestartHook, hook_owners
 from .._loop._in_flight import STEPS_IN_FLIGHT
 from .._loop._signals import exit_if_terminated, stop_gracefully_on
 from .._loop._state import LoopInputs, LoopState, record_ending
-from .._loop._step import commit, run_callbacks
+from .._loop._step import commit, run_step
 from .._loop._tasks import Tasks, as_callback_list, normalize_tasks, restart, run_end_hooks
 from .._processes._agreement import (
     ProcessFailedError,
@@ -237,7 +237,7 @@ def loop(
             decisions.attach(steps)
         steps_in_flight = STEPS_IN_FLIGHT if max_steps_in_flight is None else max_steps_in_flight
         # 4. on_start (its logs are already in a resumed history).
-        run_callbacks(start_callbacks, loop_state)
+        run_step(loop_state, start_callbacks)
         if loop_state.resumed:
             loop_state.logs = Logs()
         commit(loop_state)
@@ -281,7 +281,7 @@ def loop(
                 raise
             run_end_hooks(end_hooks, loop_state, None)
         # 6. on_end.
-        run_callbacks(end_callbacks, loop_state)
+        run_step(loop_state, end_callbacks)
         commit(loop_state)
         loop_state.end_step()
     except BaseException as error:

@@ -15,7 +15,7 @@ from .._checkpoint._resume import may_resume
 from .._loop._arguments import is_empty
 from .._loop._callback import LoopInterrupted, as_callback
 from .._loop._state import LoopState
-from .._loop._step import run_callbacks
+from .._loop._step import run_step
 from .._processes._outputs import OUTPUT_PROCESS, writes_here
 from .._records._history import History
 from .._records._logs import Logs
@@ -401,7 +401,7 @@ def _run_owed(
                     owed.merge(evaluations[name](loop_state.state)[0])
             loop_state.logs.merge(owed)
             if ended:
-                run_callbacks(epoch_end, loop_state)
+                run_step(loop_state, epoch_end)
                 for collection, entries in loop_state.logs.items():
                     for entry, value in entries.items():
                         if entry not in row.get(collection, {}):

@@ -67,16 +67,6 @@ def is_device_array(value: Any) -> bool:
     return any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(value))
 
 
-def _group_key(array: jax.Array) -> Any:
-    # Shape and dtype; arrays that cannot be stacked together (different devices) fall
-    # back to one-by-one fetching.
-    return array.aval
-
-
-def _fetch_group(arrays: list[jax.Array]) -> list[np.ndarray]:
-    return list(land_stacked(_send_chunks(arrays)))
-
-
 #: Stacked chunks on their way to the host: ``(count, chunk)``, the first ``count`` rows of
 #: each chunk real (the rest pads it to a chunk size).
 Chunks = list[tuple[int, jax.Array]]
@@ -118,7 +108,7 @@ def send_stacked(values: list[Any]) -> Chunks | None:
     if not isinstance(first, jax.Array):
         return None
     key = first.aval
-    for value in values:  # _group_key, inlined: once per value recorded
+    for value in values:  # once per value recorded
         if not (type(value) is ARRAY_TYPE or isinstance(value, jax.Array)):
             return None
         aval = value.aval  # a compiled step's outputs share theirs: no Python __eq__ then
@@ -155,7 +145,7 @@ def to_host(tree: T) -> T:
     groups: dict[Any, list[int]] = {}
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, jax.Array):
-            groups.setdefault(_group_key(leaf), []).append(i)
+            groups.setdefault(leaf.aval, []).append(i)  # by shape and dtype
     if not groups:
         return tree
     singles: list[int] = []
@@ -164,7 +154,7 @@ def to_host(tree: T) -> T:
             singles.extend(indices)
             continue
         try:
-            fetched = _fetch_group([leaves[i] for i in indices])
+            fetched = land_stacked(_send_chunks([leaves[i] for i in indices]))
         except (ValueError, TypeError, RuntimeError):  # e.g. not stackable across devices
             singles.extend(indices)
             continue
