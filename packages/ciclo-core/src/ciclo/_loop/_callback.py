@@ -262,18 +262,21 @@ class Callback:
             raise TypeError(_NOT_A_CALLBACK.format(fn=fn))
 
     def __call__(self, loop_state: LoopState) -> tuple[Logs | None, Any]:
-        arity = self.arity
         try:
-            if arity == 2:  # the common (state, batch) step (run_step calls it itself)
-                out = self.method(loop_state.state, loop_state.batch)
-            elif arity < 0:
-                out = self.method(loop_state)
-            else:
-                args = (loop_state.state, loop_state.batch, loop_state.elapsed, loop_state)
-                out = self.method(*args[:arity])
+            out = self.call(loop_state)
         except LoopInterrupted as cut:
             return self.cut_short(loop_state, cut)
         return self.result(out)
+
+    def call(self, loop_state: LoopState) -> Any:
+        """What it returns, given the first ``arity`` of the loop's four arguments."""
+        arity = self.arity
+        if arity == 2:  # the common (state, batch) step
+            return self.method(loop_state.state, loop_state.batch)
+        if arity < 0:
+            return self.method(loop_state)
+        args = (loop_state.state, loop_state.batch, loop_state.elapsed, loop_state)
+        return self.method(*args[:arity])
 
     def cut_short(self, loop_state: LoopState, cut: LoopInterrupted) -> tuple[None, Any]:
         """An outer loop's stop cut it (``cut``): nothing recorded, the reason says so."""
@@ -285,8 +288,6 @@ class Callback:
 
     def result(self, out: Any) -> tuple[Logs | None, Any]:
         """Its return value as ``(logs or None, state or NO_CHANGE)`` (``parse_return``)."""
-        if out is None:
-            return None, NO_CHANGE
         if type(out) is tuple and len(out) == 2:  # (logs, state): the common case, checked
             logs, state = out
             if logs is None or type(logs) is Logs:

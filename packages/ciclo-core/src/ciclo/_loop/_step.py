@@ -24,15 +24,20 @@ def run_step(
     collecting their logs in ``loop_state.logs`` (a compiled step's adopted, others copied,
     later ones merged); with ``in_flight``, commits them and counts the step in flight."""
     for callback in callbacks:
-        try:
-            if callback.arity != 2:
-                logs, state = callback(loop_state)
-            else:  # Callback.__call__, inlined for a (state, batch) step: one frame fewer a step
+        try:  # Callback.__call__, inlined for the common calls: a frame fewer each, per step
+            arity = callback.arity  # (benchmarks/loop_overhead.py, trivial step)
+            if arity == 2:  # a (state, batch) step
                 out = callback.method(loop_state.state, loop_state.batch)
-                if type(out) is tuple and len(out) == 2 and type(out[0]) is Logs:
-                    logs, state = out  # (benchmarks/loop_overhead.py, trivial step)
-                else:
-                    logs, state = callback.result(out)
+            elif arity < 0:  # an object's __loop_callback__: a managed step, a bar
+                out = callback.method(loop_state)
+            else:
+                out = callback.call(loop_state)
+            if out is None:  # an observer's return
+                continue
+            if type(out) is tuple and len(out) == 2 and type(out[0]) is Logs:
+                logs, state = out
+            else:
+                logs, state = callback.result(out)
         except LoopInterrupted as cut:
             logs, state = callback.cut_short(loop_state, cut)
         except Exception as error:

@@ -164,9 +164,6 @@ class _Transit(NamedTuple):
     blocks: dict[tuple[str, str], list[int]]
     sent: dict[tuple[str, str], _host.Chunks]
 
-    def sent_chunks(self) -> _host.Chunks:
-        return [chunk for chunks in self.sent.values() for chunk in chunks]
-
 
 _NOT_STACKED = (
     "commit_many: log entry {entry!r} has shape {shape}; every value must be stacked along "
@@ -256,7 +253,7 @@ class History:
         elif waiting & 15 == 0:
             if _time.monotonic() - self._pending_since >= self.fetch_interval:
                 self._send()
-            elif self._transit is not None and _host.is_landed(self._transit.sent_chunks()):
+            elif self._transit is not None and _host.is_landed(*self._transit.sent.values()):
                 self._land()
 
     def commit_many(

@@ -127,10 +127,10 @@ def start_copies(values: list[Any]) -> None:
             value.copy_to_host_async()
 
 
-def is_landed(chunks: Chunks) -> bool:
-    """Whether the device has computed every chunk (landing them then hardly waits)."""
+def is_landed(*sent: Chunks) -> bool:
+    """Whether the device has computed every chunk sent (landing them then hardly waits)."""
     # ArrayImpl.is_ready: not in jax.Array's type stubs
-    return all(chunk.is_ready() for _, chunk in chunks)  # type: ignore[attr-defined]
+    return all(chunk.is_ready() for chunks in sent for _, chunk in chunks)  # type: ignore[attr-defined]
 
 
 def land_stacked(chunks: Chunks) -> np.ndarray:
