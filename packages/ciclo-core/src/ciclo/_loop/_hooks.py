@@ -6,48 +6,6 @@ never probes a callback elsewhere: it asks the helpers of this module. Hooks loo
 an *object* are found on the callback itself or on the object behind a bound method
 (:func:`owners`, :func:`hook_owners`), each object once.
 
-hook (its :class:`Protocol`; the probe)        what it is, and when the loop uses it
-=============================================  =====================================================
-``__loop_callback__(loop_state)``              What a loop calls at each step where the callback's
-(:class:`LoopCallback`)                        schedule fires; it returns what a function callback
-                                               returns (``None``, logs, a state, ``(logs, state)``,
-                                               ``(outputs, logs, state)``: ``parse_return``).
-``__loop_end__(loop_state, error)``            Called once when the loop ends, before ``on_end``
-(:class:`EndHook`; ``hook_owners``)            (``error`` ``None``), or when an exception leaves it
-                                               (``error`` is it, raised again afterwards).
-``__loop_restart__(loop_state)``               Asked by the outermost loop each time the engine
-(:class:`RestartHook`; ``hook_owners``)        returned, before the end hooks, unless a signal
-                                               stopped it: a callback that put the loop back to an
-                                               earlier point (a rollback) returns the batches to run
-                                               from there; ``None``: the loop ends. With several
-                                               processes, every process at the same step.
-``__loop_phases__(loop_state, phases)``        A reader of the loop's phases (``ciclo.goodput``,
-(:class:`PhaseWatcher`; ``hook_owners``)       the watchdog): the loop then owns a record
-                                               (``loop_state.phases``, :mod:`ciclo._time._phases`)
-                                               and passes it when the first batch is about to be
-                                               drawn, and ``None`` once the end hooks have run.
-``__loop_observer__ = True``                   A class attribute: the callback only reads the loop
-(:func:`is_observer`)                          and returns nothing (a bar, a logger): inside a group
-                                               of fused steps it runs once, after the group.
-``__loop_transient__ = True``                  A class attribute: a watcher outside the run (the
-(:func:`is_transient`)                         watchdog): a checkpoint holds no state of its task,
-                                               so a resumed run may add or leave it out.
-``__loop_steps_per_call__(loop_state) -> K``   A step that runs ``K`` consecutive batches in one
-and ``__loop_callback_many__(loop_state,       call (a managed step with ``steps_per_call=K``),
-batches)`` (:class:`FusableCallback`;          returning the logs stacked on a new first axis and
-:func:`is_fusable`, :func:`steps_per_call`)    the last state, optionally the last row's logs as
-                                               a third item (the grouping: ``_fusion.py``).
-``__loop_lower__(loop_state)``                 A step that compiles its own call gives it on the
-(:func:`lowered`)                              loop's state and batch, lowered, not run (what
-                                               ``throughput`` reads a step's FLOPs from).
-``state_dict()`` / ``load_state_dict(state)``  What a checkpoint saves and a resume restores, as
-(:class:`Stateful`; :func:`is_stateful`)       plain values and NumPy arrays (callbacks,
-                                               schedules, datasets).
-``keys()`` / ``__getitem__``                   A callback object poses as ``{its default schedule:
-(no probe: a mapping)                          itself}``, spread into ``tasks`` with ``**``
-                                               (``LoopCallbackBase`` implements it).
-=============================================  =====================================================
-=======
 The hooks (the table of ``docs/callbacks.md`` says what each one is):
 ``__loop_callback__(loop_state)`` (:class:`LoopCallback`), ``__loop_end__(loop_state,
 error)`` (:class:`EndHook`), ``__loop_restart__(loop_state)`` (:class:`RestartHook`),

@@ -36,6 +36,9 @@ T = TypeVar("T")
 # small one for the rest; padded to these sizes so each (shape, dtype) compiles at most twice.
 _CHUNKS = (256, 64)
 _MIN_GROUP = 8  # below this, fetching one by one is cheaper than a stacking call
+# Platforms whose arrays are in host memory already: no copy is started ahead there (on a
+# CPU it cost 32 µs for 256 stacked scalars and saved 3 of np.asarray's: NOTES.md).
+_IN_HOST_MEMORY = frozenset({"cpu"})
 
 _stack = jax.jit(lambda *arrays: jnp.stack(arrays))
 # The stacking call compiled ahead of time, per (chunk size, aval, sharding): calling the
@@ -82,7 +85,7 @@ def _send_chunks(arrays: list[jax.Array]) -> Chunks:
         size = large if len(arrays) - start >= large else small
         part = arrays[start : start + size]
         chunk = _stacked(part, size)
-        chunk.copy_to_host_async()
+        start_copies([chunk])
         chunks.append((len(part), chunk))
         start += size
     return chunks
@@ -123,7 +126,9 @@ def send_stacked(values: list[Any]) -> Chunks | None:
 def start_copies(values: list[Any]) -> None:
     """Starts the copy to the host of each device array of ``values`` (nothing waits)."""
     for value in values:
-        if isinstance(value, jax.Array):
+        if isinstance(value, jax.Array) and not _IN_HOST_MEMORY.issuperset(
+            device.platform for device in value.devices()
+        ):
             value.copy_to_host_async()
 
 
