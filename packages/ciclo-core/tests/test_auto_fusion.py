@@ -4,6 +4,7 @@ resume after a kill inside a group."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import subprocess
 import sys
@@ -103,6 +104,8 @@ def drive(
             clock.now += 0.05
             _auto._count_compiles("/jax/core/compile/backend_compile_duration", 0.05)
         if (pause_every and len(chosen) % pause_every == 0) or (loop_steps and step >= loop_steps):
+            loop_state.elapsed = SimpleNamespace(steps=step)
+            auto.loop_ended(loop_state, None)  # the step's __loop_end__
             clock.now, step = clock.now + 0.05, 0  # an evaluation, another loop
     return chosen, auto
 
@@ -116,21 +119,59 @@ def test_a_step_dominated_by_dispatch_is_fused_until_it_stops_paying(monkeypatch
     assert sorted(set(chosen)) == [1, 2, 4, 8, 16, 32, 64]
 
 
-@pytest.mark.parametrize("loop_steps", [0, 300])
+@pytest.mark.parametrize("loop_steps", [0, 100, 300])
 def test_windows_run_from_and_to_a_device_that_caught_up(monkeypatch, loop_steps):
     # A device-bound step: 1 ms of compute a step, 0.3 ms of dispatch a call (30% of K = 1:
     # fusing is tried), the host allowed 16 calls ahead. After each new K's compile the
     # host dispatches 16 calls at once: timed without waiting for the device, K = 2-64 read
     # 0.12-0.39 ms a step and K = 64 was kept. Timed from and to a synced device, no K is
-    # faster: K = 1 is kept after MISSES doublings that did not pay. In loops of 300 steps, a
-    # window opened inside a loop and cut by its end (not synced) is dropped: read, K = 8 was
-    # kept.
+    # faster: K = 1 is kept after MISSES doublings that did not pay. Loops of 100 or 300
+    # steps end windows too: read at the last group's start, unsynced, 100-step loops kept
+    # K = 64 and 300-step ones K = 8; closed by the loop's end once the device caught up,
+    # K = 1.
     chosen, auto = drive(
         monkeypatch, lambda k: 1e-3 + 0.3e-3 / k, lambda k: 0.3e-3, 8.0, 0, 0, loop_steps, 16
     )
     assert auto.settled
     assert auto.k == 1
     assert max(chosen) == 2**_auto.MISSES
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _WithStep(ciclo.managed.ManagedState):
+    seen: jax.Array
+    train_step = regression_step
+
+
+@pytest.mark.parametrize("kind", ["managed step", "bound managed step", "fuse_steps"])
+def test_each_loop_end_reaches_the_auto_controller(monkeypatch, kind):
+    # The step's __loop_end__ closes the window open at the loop's end (above): once per
+    # loop, with the loop's count, and with the error that ended it.
+    ended = []
+    monkeypatch.setattr(
+        _auto.AutoFusion,
+        "loop_ended",
+        lambda self, loop_state, error: ended.append((loop_state.elapsed.steps, type(error))),
+    )
+    state, step = make_state("jit", steps_per_call="auto"), regression_step
+    if kind == "bound managed step":  # state.train_step, as a class attribute defines it
+        state = _WithStep.create(
+            params=state.params, tx=state.tx, seen=state.seen, strategy=state.strategy
+        )
+        step = state.train_step
+    elif kind == "fuse_steps":
+        state = jnp.zeros(())
+        step = ciclo.fuse_steps(jax.jit(lambda s, b: (ciclo.logs().add_metric("s", s), s + 1)))
+
+    def fail_at_5(state, batch, elapsed):
+        if elapsed.steps == 5:
+            raise RuntimeError("at step 5")
+
+    state, _, _ = ciclo.loop(state, make_batches(steps=12), {ciclo.every(1): step})
+    state, _, _ = ciclo.loop(state, make_batches(steps=7), {ciclo.every(1): step})
+    with pytest.raises(RuntimeError, match="at step 5"):
+        ciclo.loop(state, make_batches(steps=7), {ciclo.every(1): [step, fail_at_5]})
+    assert ended == [(12, type(None)), (7, type(None)), (5, RuntimeError)]
 
 
 def test_a_window_waits_for_the_state_not_for_arrays_donated_since():

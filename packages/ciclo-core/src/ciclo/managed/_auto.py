@@ -45,10 +45,9 @@ SLOWER = 4.0
 #: (something else that ran in a window, an evaluation between two groups, only slows it
 #: down) and the middle of their dispatch shares (a busy host's preempted dispatch read 0.21
 #: of a 2 ms step in one window, 0.02-0.14 in the others). Time JAX spent compiling is left
-#: out of a window. A window that held the whole of a loop shorter than a window (a new
-#: loop counts its steps afresh) is read up to its last group's start, if it holds
-#: :data:`WINDOW_STEPS` steps (so loops of a few hundred fast steps are measured too); one
-#: opened inside a loop and cut by its end is dropped (its end could not wait).
+#: out of a window. A loop's end (its ``__loop_end__``) closes the window open, the device
+#: caught up, if it holds :data:`WINDOW_STEPS` steps (so loops of a few hundred fast steps
+#: are measured too); a loop that starts without that (a rollback's restart) drops it.
 WINDOW_SECONDS = 0.02
 WINDOW_CALLS = 4
 WINDOW_STEPS = 16  # two periods of the loop's default bound (8: _loop/_in_flight.py)
@@ -109,7 +108,6 @@ class AutoFusion:
         "k",
         "misses",
         "reprobe_at",
-        "seen",
         "settled",
         "start",
         "start_steps",
@@ -133,8 +131,6 @@ class AutoFusion:
         self.start_steps = 0
         self.compiled = 0.0  # _compiling[0] at the window's start
         self.dispatch = 0.0  # seconds spent in the step's calls since the window's start
-        # (now, steps, compiled, dispatch) at the last group start: a loop's end closes there
-        self.seen: tuple[float, int, float, float] = (0.0, 0, 0.0, 0.0)
         self.first_steps = -1  # the step at which the loop now running asked first
         self.windows: list[tuple[float, float]] = []  # (seconds per step, dispatch share)
 
@@ -155,30 +151,34 @@ class AutoFusion:
         steps, compiled = loop_state.elapsed.steps, _compiling[0]
         if self.first_steps < 0:
             self.first_steps = steps
-        if self.start is None or steps <= self.start_steps:
-            if self.start is not None:  # a new loop: see WINDOW_SECONDS
-                whole, self.first_steps = self.start_steps == self.first_steps, steps
-                if whole and self.seen[1] - self.start_steps >= WINDOW_STEPS:
-                    self._close(*self.seen)
-                elif whole and self.best < float("inf"):
-                    self._settle()  # a whole loop is too short to measure this K
+        if self.start is None or steps <= self.start_steps:  # a new loop: see WINDOW_SECONDS
             self._open(synced_now(loop_state.state), steps, compiled)
             return self.k
         span, count = now - self.start - (compiled - self.compiled), steps - self.start_steps
         if span < WINDOW_SECONDS or count < max(WINDOW_CALLS * self.k, WINDOW_STEPS):
-            self.seen = (now, steps, compiled, self.dispatch)
             return self.k
         now = synced_now(loop_state.state)
         self._close(now, steps, compiled, self.dispatch)
         self._open(now, steps, compiled)
         return self.k
 
+    def loop_ended(self, loop_state: Any, error: BaseException | None) -> None:
+        """The step's ``__loop_end__``: the window open closes at the loop's end, once the
+        device has run it (a whole loop too short to measure this K keeps the fastest)."""
+        if self.start is not None and not self.settled and error is None:
+            steps = loop_state.elapsed.steps
+            if steps - self.start_steps >= WINDOW_STEPS:
+                self._close(synced_now(loop_state.state), steps, _compiling[0], self.dispatch)
+            elif self.start_steps == self.first_steps and self.best < float("inf"):
+                self._settle()
+        self.start, self.first_steps = None, -1
+
     def _open(self, now: float, steps: int, compiled: float) -> None:
         self.start, self.start_steps, self.compiled, self.dispatch = now, steps, compiled, 0.0
-        self.seen = (now, steps, compiled, 0.0)
 
     def _close(self, now: float, steps: int, compiled: float, dispatch: float) -> None:
-        """Ends the window at a group's start (``now``), once every group before it ran."""
+        """Ends the window at ``now`` (a group's start or the loop's end), the device caught
+        up."""
         span = now - self.start - (compiled - self.compiled)  # type: ignore[operator]
         if span <= 0:  # all of it compiling
             return

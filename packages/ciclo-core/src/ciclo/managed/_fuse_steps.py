@@ -56,6 +56,10 @@ class FusedSteps:
             return self._auto.timed(self.step, loop_state.state, loop_state.batch)
         return self.step(loop_state.state, loop_state.batch)
 
+    def __loop_end__(self, loop_state: LoopState, error: BaseException | None) -> None:
+        if self._auto is not None:  # the loop's end may close a measurement
+            self._auto.loop_ended(loop_state, error)
+
     def __loop_steps_per_call__(self, loop_state: LoopState) -> int:
         if self._auto is not None:
             return self._auto.steps(loop_state)

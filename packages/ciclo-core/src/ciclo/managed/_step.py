@@ -276,6 +276,12 @@ class ManagedStep:
                 return auto.timed(self, loop_state.state, loop_state.batch)  # type: ignore[no-any-return]
         return self(loop_state.state, loop_state.batch)
 
+    def __loop_end__(self, loop_state: LoopState, error: BaseException | None) -> None:
+        if self._auto:  # steps_per_call="auto": the loop's end may close a measurement
+            auto = self._auto.get(getattr(loop_state.state, "strategy", None))  # type: ignore[arg-type]
+            if auto is not None:
+                auto.loop_ended(loop_state, error)
+
     def __loop_steps_per_call__(self, loop_state: LoopState) -> int:
         strategy = getattr(loop_state.state, "strategy", None)
         if not isinstance(strategy, Strategy):
@@ -379,6 +385,9 @@ class _BoundStep:
 
     def __loop_callback__(self, loop_state: LoopState) -> tuple[Logs, Any]:
         return self.step.__loop_callback__(loop_state)
+
+    def __loop_end__(self, loop_state: LoopState, error: BaseException | None) -> None:
+        self.step.__loop_end__(loop_state, error)
 
     def __loop_steps_per_call__(self, loop_state: LoopState) -> int:
         return self.step.__loop_steps_per_call__(loop_state)
