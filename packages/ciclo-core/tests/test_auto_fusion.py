@@ -125,10 +125,10 @@ def test_windows_run_from_and_to_a_device_that_caught_up(monkeypatch, loop_steps
     # fusing is tried), the host allowed 16 calls ahead. After each new K's compile the
     # host dispatches 16 calls at once: timed without waiting for the device, K = 2-64 read
     # 0.12-0.39 ms a step and K = 64 was kept. Timed from and to a synced device, no K is
-    # faster: K = 1 is kept after MISSES doublings that did not pay. Loops of 100 or 300
-    # steps end windows too: read at the last group's start, unsynced, 100-step loops kept
-    # K = 64 and 300-step ones K = 8; closed by the loop's end once the device caught up,
-    # K = 1.
+    # faster: K = 1 is kept after MISSES doublings that did not pay. A 100-step loop is
+    # shorter than a window: read at its last group's start, unsynced, K = 64 was kept;
+    # closed by the loop's end once the device caught up, K = 1. In 300-step loops a window
+    # opened inside a loop and cut by its end is dropped (read, K = 8 was kept).
     chosen, auto = drive(
         monkeypatch, lambda k: 1e-3 + 0.3e-3 / k, lambda k: 0.3e-3, 8.0, 0, 0, loop_steps, 16
     )

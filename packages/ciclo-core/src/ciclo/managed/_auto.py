@@ -45,9 +45,11 @@ SLOWER = 4.0
 #: (something else that ran in a window, an evaluation between two groups, only slows it
 #: down) and the middle of their dispatch shares (a busy host's preempted dispatch read 0.21
 #: of a 2 ms step in one window, 0.02-0.14 in the others). Time JAX spent compiling is left
-#: out of a window. A loop's end (its ``__loop_end__``) closes the window open, the device
-#: caught up, if it holds :data:`WINDOW_STEPS` steps (so loops of a few hundred fast steps
-#: are measured too); a loop that starts without that (a rollback's restart) drops it.
+#: out of a window. A window that held a whole loop shorter than a window closes at the
+#: loop's end (the step's ``__loop_end__``), the device caught up, if it holds
+#: :data:`WINDOW_STEPS` steps (so loops of a few hundred fast steps are measured too); one
+#: opened inside a loop and cut by its end is dropped: it would hold the loop's last group,
+#: cut into powers of 2, and the end's own work (a rollback's restart drops it too).
 WINDOW_SECONDS = 0.02
 WINDOW_CALLS = 4
 WINDOW_STEPS = 16  # two periods of the loop's default bound (8: _loop/_in_flight.py)
@@ -163,13 +165,15 @@ class AutoFusion:
         return self.k
 
     def loop_ended(self, loop_state: Any, error: BaseException | None) -> None:
-        """The step's ``__loop_end__``: the window open closes at the loop's end, once the
-        device has run it (a whole loop too short to measure this K keeps the fastest)."""
-        if self.start is not None and not self.settled and error is None:
+        """The step's ``__loop_end__``: a window that held the whole loop closes at its end,
+        once the device has run it (too short to measure this K: the fastest is kept); one
+        opened inside the loop is dropped (see :data:`WINDOW_SECONDS`)."""
+        whole = self.start is not None and self.start_steps == self.first_steps
+        if whole and not self.settled and error is None:
             steps = loop_state.elapsed.steps
             if steps - self.start_steps >= WINDOW_STEPS:
                 self._close(synced_now(loop_state.state), steps, _compiling[0], self.dispatch)
-            elif self.start_steps == self.first_steps and self.best < float("inf"):
+            elif self.best < float("inf"):
                 self._settle()
         self.start, self.first_steps = None, -1
 
