@@ -145,8 +145,8 @@ class _WithStep(ciclo.managed.ManagedState):
 
 @pytest.mark.parametrize("kind", ["managed step", "bound managed step", "fuse_steps"])
 def test_each_loop_end_reaches_the_auto_controller(monkeypatch, kind):
-    # The step's __loop_end__ closes the window open at the loop's end (above): once per
-    # loop, with the loop's count, and with the error that ended it.
+    # The step's __loop_end__ reaches its controller (which closes a whole loop's window
+    # there, above): once per loop, with the loop's count, and the error that ended it.
     ended = []
     monkeypatch.setattr(
         _auto.AutoFusion,

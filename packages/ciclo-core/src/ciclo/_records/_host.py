@@ -124,7 +124,8 @@ def send_stacked(values: list[Any]) -> Chunks | None:
 
 
 def start_copies(values: list[Any]) -> None:
-    """Starts the copy to the host of each device array of ``values`` (nothing waits)."""
+    """Starts the copy to the host of each device array of ``values`` (nothing waits),
+    where it has one to make: not on a CPU (``_IN_HOST_MEMORY``)."""
     for value in values:
         if isinstance(value, jax.Array) and not _IN_HOST_MEMORY.issuperset(
             device.platform for device in value.devices()
