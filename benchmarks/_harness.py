@@ -2,7 +2,8 @@
 
 Each benchmark script builds a few zero-argument callables that do the same work (a
 hand-written JAX baseline first) and hands them to :func:`compare`, which runs them in
-alternation (so drift in machine load hits all of them alike) and returns one row per
+alternation, in an order shuffled each round (so drift in machine load, and whatever one
+run leaves the next, hits all of them alike) and returns one row per
 candidate with the median, min and max time and the ratio to the baseline. Scripts that
 time parts of a loop instead (how long a checkpoint blocks it) stamp its steps with
 :class:`StepStamps` and make the rows with :func:`summarize`.
@@ -14,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -35,13 +37,21 @@ def alternate(
     candidates: dict[str, Callable[[], Any]], repeats: int, *, warmup: int = 1
 ) -> dict[str, list[float]]:
     """``{label: [seconds of each round]}``: every candidate run ``warmup`` times (its
-    compiles), then once a round, in turn, for ``repeats`` rounds."""
+    compiles), then once a round for ``repeats`` rounds, in an order shuffled each round.
+
+    A fixed order would run each candidate after the same neighbour every round, and pay
+    for its garbage, its cache footprint, its leftover device work. The shuffle is seeded,
+    so every process of a multi-process benchmark runs the same order.
+    """
     for _ in range(warmup):
         for fn in candidates.values():
             fn()
     times: dict[str, list[float]] = {label: [] for label in candidates}
+    order = list(candidates.items())
+    rng = random.Random(0)
     for _ in range(repeats):
-        for label, fn in candidates.items():
+        rng.shuffle(order)
+        for label, fn in order:
             start = time.perf_counter()
             fn()
             times[label].append(time.perf_counter() - start)

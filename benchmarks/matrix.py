@@ -21,7 +21,12 @@ Settings: one process (with whatever else the machine runs: quiet only on a quie
 one process while two other processes spin on both cores (the same load for both loops of
 a round); and 2 processes on loopback (gloo, data-parallel, an ``every(time=0.05)`` task,
 the default agreement) with a tiny step and a ~3 ms step. The load average is printed with
-each row.
+each row. Candidates take turns in a shuffled order each round (``_harness.alternate``).
+
+One process also runs each row's floor: the hand loop keeping every step's logged values
+and landing them 256 steps at a time by one stacking call a value, as ciclo's history does.
+Any loop that records every step pays it (on a CPU mostly the allocator's cost of more live
+buffers; benchmarks/NOTES.md); it has no target, and ``loop / floor`` is the rest.
 
 Targets (issue 39), unfused defaults: one process, a step >= 200 us: <= 1.03, smaller: <= 1.10;
 busy: <= 1.10 and <= 1.20; 2 processes: <= 1.05. ``steps_per_call="auto"``: <= 0.70 on the
@@ -58,6 +63,7 @@ sys.path.insert(0, str(HERE.parent / "examples"))
 BENCHMARK = "matrix"
 SECTION = "## The matrix (matrix.py)"
 TIME_PER_RUN = 0.3  # seconds of hand-written loop per run (each candidate, each round)
+FLOOR_EVERY = 256  # the floor row lands its kept values this many steps at a time
 
 
 def load() -> str:
@@ -214,7 +220,9 @@ def _auto_strategy(strategy: str = "jit"):
 
 
 def row_candidates(name: str, kind: str, steps: int) -> dict[str, Callable[[], Any]]:
-    """``{label: run}`` for one row: the hand loop first, then ciclo.loop (+ auto)."""
+    """``{label: run}`` for one row: the hand loop first, then the floor (the hand loop
+    keeping each step's logged values, landed ``FLOOR_EVERY`` steps at a time by one
+    stacking call a value, as ciclo's history does), then ciclo.loop (+ auto)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -250,6 +258,19 @@ def row_candidates(name: str, kind: str, steps: int) -> dict[str, Callable[[], A
             _, s = step(s, batch)
         jax.block_until_ready(s)
 
+    stack = jax.jit(lambda *values: jnp.stack(values))
+
+    def floor():  # what any loop that records each step's logs pays (a row of no target)
+        s, kept, landed = state, [], []
+        for batch in batches:
+            logs, s = step(s, batch)
+            kept.append([value for values in logs.values() for value in values.values()])
+            if len(kept) == FLOOR_EVERY:
+                landed += [np.asarray(stack(*column)) for column in zip(*kept, strict=True)]
+                kept = []
+        landed += [np.asarray(stack(*column)) for column in zip(*kept, strict=True)]
+        jax.block_until_ready(s)
+
     def looped(s0, step):
         def run():
             bar = ciclo.keras_bar(len(batches), file=NullFile())
@@ -258,7 +279,7 @@ def row_candidates(name: str, kind: str, steps: int) -> dict[str, Callable[[], A
 
         return run
 
-    runs = {"hand": hand, "loop": looped(state, step)}
+    runs = {"hand": hand, "floor": floor, "loop": looped(state, step)}
     auto = _auto_strategy() if kind == "managed" else None
     if auto is not None:
         runs["auto"] = looped(state.with_strategy(auto), step)
@@ -303,14 +324,19 @@ def row(workload: str, kind: str, setting: str, times: dict[str, list[float]], s
         "hand_us": statistics.median(base) / steps * 1e6,
         "load": load(),
     }
-    for label in ("loop", "auto"):
+    for label in ("loop", "floor", "auto"):
         if label in times:
-            out[label] = statistics.median(t / b for t, b in zip(times[label], base, strict=True))
+            out[label] = _paired(times[label], base)
+    if "floor" in times:  # the loop against what recording each step costs, paired
+        out["loop_vs_floor"] = _paired(times["loop"], times["floor"])
     if "auto" in times:  # the speed of auto against the unfused loop, paired
-        out["auto_vs_loop"] = statistics.median(
-            t / b for t, b in zip(times["auto"], times["loop"], strict=True)
-        )
+        out["auto_vs_loop"] = _paired(times["auto"], times["loop"])
     return out
+
+
+def _paired(times: list[float], base: list[float]) -> float:
+    """The median of the per-round ratios ``times / base``."""
+    return statistics.median(t / b for t, b in zip(times, base, strict=True))
 
 
 @contextmanager
@@ -456,19 +482,21 @@ def target(out: dict[str, Any]) -> str:
 
 
 def format_row(out: dict[str, Any]) -> str:
-    auto = f"{out['auto']:.3f}" if "auto" in out else "-"
-    vs = f"{out['auto_vs_loop']:.3f}" if "auto_vs_loop" in out else "-"
+    floor, over, auto, vs = (
+        f"{out[key]:.3f}" if key in out else "-"
+        for key in ("floor", "loop_vs_floor", "auto", "auto_vs_loop")
+    )
     return (
         f"| {out['workload']} | {out['kind']} | {out['setting']} | {out['hand_us']:.1f} | "
-        f"{out['loop']:.3f} | {target(out)} | {auto} | {vs} | {out['steps']} x {out['rounds']} | "
-        f"{out['load']} |"
+        f"{out['loop']:.3f} | {target(out)} | {floor} | {over} | {auto} | {vs} | "
+        f"{out['steps']} x {out['rounds']} | {out['load']} |"
     )
 
 
 HEADER = [
-    "| workload | step | setting | hand loop, us/step | ciclo.loop ratio | target | auto ratio "
-    "| auto / loop | steps x rounds | load (1, 5, 15 min) |",
-    "|---|---|---|---:|---:|---|---:|---:|---:|---|",
+    "| workload | step | setting | hand loop, us/step | ciclo.loop ratio | target | floor ratio "
+    "| loop / floor | auto ratio | auto / loop | steps x rounds | load (1, 5, 15 min) |",
+    "|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|---|",
 ]
 
 
@@ -478,7 +506,10 @@ def section(rows: list[dict[str, Any]], started: str, info: str) -> list[str]:
         "",
         f"Written by `python benchmarks/matrix.py` ({info}); load average {started} before, "
         f"{load()} after. Ratios: medians of per-round ratios to the hand-written loop of the "
-        "same round; `auto / loop`: auto's time over the unfused loop's (below 1: faster).",
+        "same round; `floor`: the hand loop keeping each step's logged values, landed "
+        f"{FLOOR_EVERY} steps at a time as the history lands them (what any loop that records "
+        "every step pays; no target); `loop / floor` and `auto / loop`: paired ratios of "
+        "those two runs (below 1: the first is faster).",
         "",
         *HEADER,
         *(format_row(out) for out in rows),
