@@ -43,9 +43,10 @@ def check_ok(codes: list[int], outputs: list[str]) -> None:
 @pytest.mark.parametrize("agree_every", [None, 3], ids=["default", "every-3-steps"])
 def test_a_time_schedule_fires_at_the_same_steps_on_both_processes(tmp_path, agree_every):
     # process 1 sleeps 4 ms a step, so its clock alone would fire at other steps
-    # 10 ms more a step on both: the 40 steps take over 0.5 s, several time-based
-    # evaluations (and several default agreement rounds of about 0.1 s), however fast the machine
-    options: dict = {"step_sleep": 0.01}
+    # 30 ms more a step on both: the 40 steps take over 1.2 s, several time-based
+    # evaluations (and several default agreement rounds, 0.1-0.5 s apart), however fast the
+    # machine and however slow its rounds
+    options: dict = {"step_sleep": 0.03}
     if agree_every is not None:
         options["agree_every"] = agree_every
     codes, outputs, _ = run_pair("time", tmp_path, **options)
@@ -59,7 +60,7 @@ def test_a_time_schedule_fires_at_the_same_steps_on_both_processes(tmp_path, agr
 
 
 def test_test_every_in_time_evaluates_at_the_same_steps(tmp_path):
-    codes, outputs, _ = run_pair("test_every", tmp_path, step_sleep=0.01)  # over 0.5 s
+    codes, outputs, _ = run_pair("test_every", tmp_path, step_sleep=0.03)  # over 1.2 s
     check_ok(codes, outputs)
     first, second = results(tmp_path)
     assert len(first["eval_steps"]) >= 2

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -58,9 +59,9 @@ def test_one_process_writes_every_output():
     assert ciclo.keras_bar(10, process=1).finished  # another process draws it
 
 
-def _agreed_loop_state() -> tuple[ciclo.LoopState, AgreedDecisions]:
+def _agreed_loop_state(**exchanges) -> tuple[ciclo.LoopState, AgreedDecisions]:
     loop_state = ciclo.LoopState(None, ciclo.history(), ciclo.Elapsed.create())
-    transport = SimpleNamespace(count=2, every=None, process=1)  # the exchanges are not used
+    transport = SimpleNamespace(count=2, every=None, process=1, **exchanges)
     return loop_state, AgreedDecisions(transport, loop_state, [])
 
 
@@ -92,3 +93,26 @@ def test_a_step_of_a_process_counts_the_samples_of_all():
     after = loop_state.elapsed_after_step()
     assert (after.steps, after.samples) == (1, 8)
     assert after.time == loop_state.elapsed.time  # the agreed clock, not this process's
+
+
+def test_process_0_spaces_the_rounds_by_what_its_last_round_took():
+    records: list[dict] = []
+    waits = iter([0.05, 0.003, 0.0])  # the first round waits for everyone; then a slow read
+
+    def read(number, what):
+        time.sleep(next(waits))
+        return [records[number], records[number]]
+
+    _, decisions = _agreed_loop_state(post=lambda number, record: records.append(record), read=read)
+    decisions.agreement.process = 0
+    clock = SimpleNamespace(set_clock=lambda time, date: None)
+    decisions._round(clock, 0)  # the first round's wait is not what a round costs
+    assert decisions.round_seconds == 0.0
+    decisions._round(clock, 1)
+    assert 0.003 <= decisions.round_seconds < 0.05
+    # 1 ms a step since the round before: rounds about 0.1 s apart after a fast round,
+    # 200 times the round after a slow one, 0.5 s apart at most
+    for took, every in [(0.0001, 100), (0.002, 400), (0.05, 500)]:
+        decisions.last_round = (1000, time.time() - 1.0)
+        decisions.round_seconds = took
+        assert decisions._record(2000, ended=None)["every"] == pytest.approx(every, rel=0.02)

@@ -116,10 +116,11 @@ def loop(
             rounds of agreement of the processes on what differs between them: their
             clocks, stops requested by a callback or a signal on one of them. ``None``, the
             default, lets process 0 space the rounds about 0.1 s apart whatever a step
-            takes; ``N``: every N steps. No step waits for a round: each process reads the
+            takes, and up to 0.5 s apart when a round is slow (at most 0.5% of its time in
+            rounds); ``N``: every N steps. No step waits for a round: each process reads the
             others' records of the round before, so such a decision takes effect the same
             step on every process, one to two rounds after it was due (at most ``2N - 1``
-            steps, or about 0.2 s by default). Step and sample schedules, ``stop=`` in steps
+            steps, or 0.2-1 s by default). Step and sample schedules, ``stop=`` in steps
             or samples, and early stopping are never exchanged: they take effect at once.
             Ignored with one process (nothing is exchanged).
         fault_timeout: with several processes, the seconds a process waits for another

@@ -419,7 +419,7 @@ def _skip_jax_shutdown_at_exit(status: int, agreement: Agreement) -> None:
 
 
 _BAD_AGREE_EVERY = (
-    "agree_every={every!r}: expected None (the default: the processes agree about every 0.1 s, "
+    "agree_every={every!r}: expected None (the default: the processes agree every 0.1-0.5 s, "
     "however long a step takes) or an int >= 1, the number of steps between two rounds of "
     "agreement"
 )
