@@ -41,9 +41,8 @@ ROUND_SECONDS = 0.1
 MAX_ROUND_SECONDS = 0.5
 #: The share of process 0's time that the default cadence lets its rounds take: rounds are
 #: spaced at least 200 times what process 0's last round took. On 2 processes sharing 2 CPU
-#: cores, a round (two calls to the coordination service, ~2 ms there) cost each process ~8 ms
-#: of steps, and rounds 0.1 s apart made the loop 8% slower than at 0.3-1 s
-#: (benchmarks/NOTES.md).
+#: cores, a round (two calls to the coordination service, ~2 ms there) cost each process 5-8
+#: ms of steps: ~5% of the run with rounds 0.1 s apart (benchmarks/NOTES.md).
 ROUND_SHARE = 0.005
 #: The most steps between two rounds with the default cadence.
 MAX_ROUND_STEPS = 10_000
