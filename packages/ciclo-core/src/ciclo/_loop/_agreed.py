@@ -7,11 +7,9 @@ per process (its clock, a requested stop, Ctrl-C, its sample count) is published
 ``elapsed.time`` becomes process 0's clock and a stop anywhere stops every process at the
 same step. SIGTERM under JAX's preemption service stops at the step its sync point names.
 
-Rounds come every ``agree_every`` steps, or by default about :data:`ROUND_SECONDS` of
-process 0's steps apart (at most :data:`MAX_ROUND_STEPS`), further apart (up to
-:data:`MAX_ROUND_SECONDS`) when a round itself is slow (:func:`round_spacing`): a decision
-takes effect one to two rounds after it was due. The first round and the end are exchanged
-with waiting.
+Rounds come every ``agree_every`` steps, or by default :func:`round_spacing` apart (0.1 to
+0.5 s of process 0's steps, at most :data:`MAX_ROUND_STEPS`): a decision takes effect one to
+two rounds after it was due. The first round and the end are exchanged with waiting.
 """
 
 from __future__ import annotations
@@ -27,32 +25,20 @@ from .._time._elapsed import Elapsed, elapse
 from .._time._phases import FIRST_STEP
 from ._state import LoopState, StopKind
 
-__all__ = [
-    "AgreedDecisions",
-    "MAX_ROUND_SECONDS",
-    "MAX_ROUND_STEPS",
-    "ROUND_SECONDS",
-    "round_spacing",
-]
+__all__ = ["AgreedDecisions", "round_spacing"]
 
-#: The seconds between two rounds of agreement that the default cadence aims at.
-ROUND_SECONDS = 0.1
-#: The longest spacing of the default cadence, however slow a round.
-MAX_ROUND_SECONDS = 0.5
-#: The share of process 0's time that the default cadence lets its rounds take: rounds are
-#: spaced at least 200 times what process 0's last round took. On 2 processes sharing 2 CPU
-#: cores, a round (two calls to the coordination service, ~2 ms there) cost each process 5-8
-#: ms of steps: ~5% of the run with rounds 0.1 s apart (benchmarks/NOTES.md).
-ROUND_SHARE = 0.005
+#: The default cadence's seconds between two rounds: at least, at most, and the share of
+#: process 0's time its rounds may take. On 2 processes on 2 CPU cores a round (~2 ms of
+#: calls) cost each 5-8 ms of steps: 5% of the run 0.1 s apart (benchmarks/NOTES.md).
+ROUND_SECONDS, MAX_ROUND_SECONDS, ROUND_SHARE = 0.1, 0.5, 0.005
 #: The most steps between two rounds with the default cadence.
 MAX_ROUND_STEPS = 10_000
 
 
 def round_spacing(round_seconds: float) -> float:
-    """The seconds between two rounds of the default cadence, after a round that took
-    ``round_seconds`` on process 0: :data:`ROUND_SECONDS`, or further apart when a round is
-    slow, so that rounds take at most :data:`ROUND_SHARE` of the time (up to
-    :data:`MAX_ROUND_SECONDS`).
+    """The seconds between two rounds of the default cadence after one that took
+    ``round_seconds`` on process 0: 0.1, or more, so that rounds take at most 0.5% of its
+    time (0.5 at most).
 
     Example:
         >>> round_spacing(0.0002), round_spacing(0.002), round_spacing(0.05)
@@ -186,9 +172,8 @@ class AgreedDecisions:
         self.last_round = (step, now)
         if step <= last_step:
             return 1
-        seconds_per_step = max((now - last_time) / (step - last_step), 1e-9)
-        spacing = round_spacing(self.round_seconds)
-        return max(1, min(MAX_ROUND_STEPS, round(spacing / seconds_per_step)))
+        per_second = (step - last_step) / max(now - last_time, 1e-9)
+        return max(1, min(MAX_ROUND_STEPS, round(round_spacing(self.round_seconds) * per_second)))
 
     def _round(self, steps: elapse, step: int) -> None:
         number = self.round
@@ -196,12 +181,11 @@ class AgreedDecisions:
         record = self._record(step, ended=None)
         started = _time.perf_counter()
         self.agreement.post(number, record)
-        # The first round waits for everyone (the processes start together); later ones
-        # read the round before, published a round ago (and say what a round costs).
+        # The first round waits for everyone (the processes start together): what a round
+        # costs is timed on later ones, which read the round before, published a round ago.
         previous = number if number == self.first_round else number - 1
         records = self.agreement.read(previous, what=f"step {step}")
-        if previous != number:
-            self.round_seconds = _time.perf_counter() - started
+        self.round_seconds = _time.perf_counter() - started if previous != number else 0.0
         if self.loop_state.phases is not None:
             self.loop_state.phases.peers = [
                 float(record.get("step_seconds", 0.0)) for record in records
