@@ -97,7 +97,7 @@ def test_a_step_of_a_process_counts_the_samples_of_all():
 
 def test_process_0_spaces_the_rounds_by_what_its_last_round_took():
     records: list[dict] = []
-    waits = iter([0.05, 0.003, 0.0])  # the first round waits for everyone; then a slow read
+    waits = iter([0.05, 0.003])  # the first round waits for everyone; then a slow read
 
     def read(number, what):
         time.sleep(next(waits))
@@ -105,7 +105,7 @@ def test_process_0_spaces_the_rounds_by_what_its_last_round_took():
 
     _, decisions = _agreed_loop_state(post=lambda number, record: records.append(record), read=read)
     decisions.agreement.process = 0
-    clock = SimpleNamespace(set_clock=lambda time, date: None)
+    clock = SimpleNamespace(set_clock=lambda seconds, date: None)
     decisions._round(clock, 0)  # the first round's wait is not what a round costs
     assert decisions.round_seconds == 0.0
     decisions._round(clock, 1)
