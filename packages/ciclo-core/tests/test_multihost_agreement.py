@@ -69,9 +69,10 @@ def test_test_every_in_time_evaluates_at_the_same_steps(tmp_path):
 
 
 def test_terminate_on_nan_stops_both_processes_at_the_same_step(tmp_path):
-    # terminate_on_nan looks every 0.5 s: the 40 steps take over 1.2 s, so the NaN of
-    # step 10 is seen before the dataset ends, however fast the machine.
-    codes, outputs, _ = run_pair("nan", tmp_path, nan_at=10, step_sleep=0.03)
+    # terminate_on_nan looks every 0.5 s, and its stop is agreed one to two rounds later
+    # (rounds up to 0.5 s apart): the NaN of step 5 (0.3 s in) is seen by 1 s and agreed by
+    # 2 s, before the 40 steps (over 2.4 s) end, however fast the machine.
+    codes, outputs, _ = run_pair("nan", tmp_path, nan_at=5, step_sleep=0.06)
     check_ok(codes, outputs)
     first, second = results(tmp_path)
     assert first["steps"] == second["steps"] < 40
