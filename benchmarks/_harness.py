@@ -104,11 +104,22 @@ def compare(
         base = times[baseline_label]
         for row in rows:
             values = times[row["candidate"]]
-            pairs = list(zip(values, base, strict=True))
-            row["ratio"] = statistics.median(t / b for t, b in pairs)
-            row["overhead"] = statistics.median((t - b) * scale for t, b in pairs)
+            row["ratio"] = paired_ratio(values, base)
+            row["overhead"] = statistics.median(
+                (t - b) * scale for t, b in zip(values, base, strict=True)
+            )
             row["paired"] = True
     return rows
+
+
+def paired_ratio(times: Sequence[float], base: Sequence[float]) -> float:
+    """The median of the per-round ratios ``times / base`` (runs of the same round paired,
+    which cancels a shared machine's load drifting between rounds).
+
+    >>> paired_ratio([2.0, 3.0, 10.0], [1.0, 2.0, 4.0])
+    2.0
+    """
+    return statistics.median(t / b for t, b in zip(times, base, strict=True))
 
 
 def summarize(

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from _harness import paired_ratio
 from flax import nnx
 
 import ciclo_flax
@@ -201,7 +202,7 @@ def compare(name: str, ciclo_state: Any, hand_step: Any, hand_state: Any, args: 
     ciclo_ms = 1e3 * statistics.median(times["ciclo"])
     hand_ms = 1e3 * statistics.median(times["hand"])
     # Paired: each round's ciclo run against the hand-written run next to it.
-    ratio = statistics.median(c / h for c, h in zip(times["ciclo"], times["hand"], strict=True))
+    ratio = paired_ratio(times["ciclo"], times["hand"])
     # The fastest run of each: the least disturbed by other load on the machine.
     best_ratio = min(times["ciclo"]) / min(times["hand"])
     result = {

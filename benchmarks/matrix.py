@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _harness import NullFile, alternate
+from _harness import NullFile, alternate, paired_ratio
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "examples"))
@@ -326,17 +326,12 @@ def row(workload: str, kind: str, setting: str, times: dict[str, list[float]], s
     }
     for label in ("loop", "floor", "auto"):
         if label in times:
-            out[label] = _paired(times[label], base)
+            out[label] = paired_ratio(times[label], base)
     if "floor" in times:  # the loop against what recording each step costs, paired
-        out["loop_vs_floor"] = _paired(times["loop"], times["floor"])
+        out["loop_vs_floor"] = paired_ratio(times["loop"], times["floor"])
     if "auto" in times:  # the speed of auto against the unfused loop, paired
-        out["auto_vs_loop"] = _paired(times["auto"], times["loop"])
+        out["auto_vs_loop"] = paired_ratio(times["auto"], times["loop"])
     return out
-
-
-def _paired(times: list[float], base: list[float]) -> float:
-    """The median of the per-round ratios ``times / base``."""
-    return statistics.median(t / b for t, b in zip(times, base, strict=True))
 
 
 @contextmanager
