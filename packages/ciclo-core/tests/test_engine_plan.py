@@ -4,7 +4,11 @@ and a schedule the plan skipped is caught up before its state is read."""
 
 from __future__ import annotations
 
+import itertools
+import types
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -59,6 +63,87 @@ def test_the_plan_fires_what_asking_every_schedule_fires(schedules, sizes, seed)
     expected = _fired_by_asking(make, sizes)
     got = {step: indices for step, indices in fired}
     assert [got.get(step, []) for step in range(len(sizes))] == expected
+
+
+def _time_schedules():
+    every = st.sampled_from([0.03, 0.05, 0.1, 0.25]).map(lambda t: ciclo.every(time=t))
+    after = st.sampled_from([0.0, 0.1, 0.4]).map(lambda t: ciclo.after(time=t))
+    after_every = st.tuples(st.sampled_from([0.05, 0.3]), st.sampled_from([0.04, 0.2])).map(
+        lambda a: ciclo.after(time=a[0]).every(time=a[1])
+    )
+    return st.one_of(every, after, after_every, _schedules())
+
+
+class _Clocked:
+    """Batches that set a fake clock as each is drawn: ``elapse`` then counts the times
+    given, the same in every loop over them."""
+
+    def __init__(self, clock, sizes, seconds):
+        self.clock, self.sizes, self.seconds = clock, sizes, seconds
+
+    def __iter__(self):
+        for size, now in zip(self.sizes, itertools.accumulate(self.seconds), strict=True):
+            self.clock[0] = now
+            yield np.zeros((size, 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(_time_schedules(), min_size=1, max_size=5),
+    st.lists(st.tuples(st.integers(1, 9), st.floats(0.0, 0.08)), min_size=1, max_size=40),
+)
+def test_planned_time_schedules_fire_what_asking_at_every_step_fires(schedules, batches):
+    import copy
+
+    from ciclo._time import _elapsed
+
+    clock = [0.0]
+    sizes, seconds = zip(*batches, strict=True)
+    fake_time = types.SimpleNamespace(time=lambda: clock[0])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_elapsed, "_time", fake_time)
+        clock[0] = 0.0
+        asked = [ciclo._time._schedules.as_schedule(s) for s in copy.deepcopy(schedules)]
+        expected = [
+            [i for i, s in enumerate(asked) if s(elapsed)]
+            for elapsed, _ in ciclo.elapse(_Clocked(clock, sizes, seconds))
+        ]
+        clock[0], fired = 0.0, [[] for _ in sizes]
+
+        def record(i):
+            return lambda state, batch, elapsed: fired[elapsed.steps].append(i)
+
+        tasks = {s: record(i) for i, s in enumerate(copy.deepcopy(schedules))}
+        ciclo.loop(None, _Clocked(clock, sizes, seconds), tasks)
+    assert fired == expected
+
+
+def test_a_time_schedule_is_asked_only_when_its_time_is_due(monkeypatch):
+    from ciclo._time import _elapsed
+
+    calls, clock = [], [0.0]
+    monkeypatch.setattr(_elapsed, "_time", types.SimpleNamespace(time=lambda: clock[0]))
+
+    class Counting(ciclo.Schedule):
+        def __init__(self):
+            self.inner = ciclo.every(time=1.0)
+
+        def __call__(self, elapsed):
+            calls.append(elapsed.steps)
+            return self.inner(elapsed)
+
+        def next_due(self, elapsed):
+            return self.inner.next_due(elapsed)
+
+    ran = []
+    clocked = _Clocked(clock, [1] * 10, [0.4] * 10)  # steps 0-9 counted at 0, 0.4, ... 3.6 s
+    ciclo.loop(
+        None,
+        clocked,
+        {ciclo.every(1): lambda: None, Counting(): lambda state, batch, e: ran.append(e)},
+    )
+    assert calls == [0, 3, 5, 8]  # at 0 s, then the first step at or past 1, 2 and 3 s
+    assert [round(e.time, 6) for e in ran] == [0.0, 1.2, 2.0, 3.2]
 
 
 def test_every_1_is_not_asked_once_planned():

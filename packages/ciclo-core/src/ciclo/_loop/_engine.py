@@ -71,7 +71,11 @@ def run(
             if phases is not None:
                 phases.step(elapsed.steps)
             fired: Iterable[Callback]
-            if elapsed.steps < plan.next_steps and elapsed.samples < plan.next_samples:
+            if (
+                elapsed.steps < plan.next_steps
+                and elapsed.samples < plan.next_samples
+                and elapsed.time < plan.next_time
+            ):
                 fired = plan.steady  # the list (made an iterator where one is needed)
             else:
                 fired = plan.fired(elapsed)

@@ -1,13 +1,13 @@
 """The plan of a loop's tasks: which schedules must be asked at a step, and which answer
 is already known.
 
-A schedule that can say when it fires next (:meth:`ciclo.Schedule.next_due`: step and
-sample schedules, ``always``, ``never``) is asked only once its count is due; one that
+A schedule that can say when it fires next (:meth:`ciclo.Schedule.next_due`: step, sample
+and time schedules, ``always``, ``never``) is asked only once its count is due; one that
 fires at every step (``every(1)``) is not asked at all. So a step where nothing but the
-step function fires costs one comparison: :attr:`TaskPlan.next_steps` and
-:attr:`TaskPlan.next_samples` against the count, then :attr:`TaskPlan.steady`. Other
-schedules (time, functions, combinations) are asked at every step, in order, each after
-the callbacks of the tasks before it ran.
+step function fires costs one comparison: :attr:`TaskPlan.next_steps`,
+:attr:`TaskPlan.next_samples` and :attr:`TaskPlan.next_time` against the count, then
+:attr:`TaskPlan.steady`. Other schedules (functions, combinations) are asked at every
+step, in order, each after the callbacks of the tasks before it ran.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterator, Sequence
 
 from .._time._elapsed import Elapsed
-from .._time._schedules import Schedule
+from .._time._schedules import Due, Schedule
 from ._callback import Callback
 
 __all__ = ["TaskPlan"]
@@ -25,12 +25,11 @@ _ASK, _PLANNED, _EVERY_STEP = 0, 1, 2
 
 
 class _Task:
-    __slots__ = ("callbacks", "due_samples", "due_steps", "mode", "schedule")
+    __slots__ = ("callbacks", "due", "mode", "schedule")
 
     def __init__(self, schedule: Schedule, callbacks: list[Callback], mode: int) -> None:
         self.schedule, self.callbacks, self.mode = schedule, callbacks, mode
-        self.due_steps: float = -math.inf  # asked at the loop's first step
-        self.due_samples: float = -math.inf
+        self.due = Due(-math.inf, -math.inf, False, -math.inf)  # asked at the first step
 
 
 class TaskPlan:
@@ -46,7 +45,7 @@ class TaskPlan:
         [2, 1, 1, 2, 1]
     """
 
-    __slots__ = ("next_samples", "next_steps", "steady", "tasks")
+    __slots__ = ("next_samples", "next_steps", "next_time", "steady", "tasks")
 
     def __init__(self, tasks: Sequence[tuple[Schedule, list[Callback]]]) -> None:
         schedules = [schedule for schedule, _ in tasks]
@@ -59,21 +58,20 @@ class TaskPlan:
         #: No planned schedule fires before the count reaches these (-inf: ask this step).
         self.next_steps: float = -math.inf
         self.next_samples: float = -math.inf
+        self.next_time: float = -math.inf
         #: The callbacks of the schedules that fire at every step, in order.
         self.steady: list[Callback] = []
 
     def fired(self, elapsed: Elapsed) -> Iterator[Callback]:
         """The callbacks that fire at ``elapsed``, in order; each schedule is asked only when
         the iteration reaches it, so the callbacks before it have run."""
-        if elapsed.steps < self.next_steps and elapsed.samples < self.next_samples:
-            yield from self.steady
-            return
         for task in self.tasks:
             mode = task.mode
             if mode == _EVERY_STEP:
                 yield from task.callbacks
             elif mode == _PLANNED:
-                if elapsed.steps >= task.due_steps or elapsed.samples >= task.due_samples:
+                due, now = task.due, elapsed
+                if now.steps >= due.steps or now.samples >= due.samples or now.time >= due.time:
                     fires = task.schedule(elapsed)
                     self._plan(task, elapsed)
                     if fires:
@@ -89,15 +87,16 @@ class TaskPlan:
         elif due.every_step:
             task.mode = _EVERY_STEP
         else:
-            task.due_steps, task.due_samples = due.steps, due.samples
+            task.due = due
 
     def _replan(self) -> None:
         if any(task.mode == _ASK for task in self.tasks):
-            self.next_steps = self.next_samples = -math.inf
+            self.next_steps = self.next_samples = self.next_time = -math.inf
             return
-        planned = [task for task in self.tasks if task.mode == _PLANNED]
-        self.next_steps = min((t.due_steps for t in planned), default=math.inf)
-        self.next_samples = min((t.due_samples for t in planned), default=math.inf)
+        planned = [task.due for task in self.tasks if task.mode == _PLANNED]
+        self.next_steps = min((due.steps for due in planned), default=math.inf)
+        self.next_samples = min((due.samples for due in planned), default=math.inf)
+        self.next_time = min((due.time for due in planned), default=math.inf)
         self.steady = [c for task in self.tasks if task.mode == _EVERY_STEP for c in task.callbacks]
 
     def catch_up(self, elapsed: Elapsed) -> None:

@@ -131,14 +131,14 @@ class EpochClock:
             ...     loop_state.elapsed, loop_state.batch = elapsed, batch
             ...     clock.decide(elapsed)
             >>> clock.next_due()  # the step whose count after it is 5 ends the epoch
-            Due(steps=4, samples=inf, every_step=False)
+            Due(steps=4, samples=inf, every_step=False, time=inf)
         """
         if self._step is None or self._after is None:
             return None
         boundary = math.inf
         for schedule in self.schedules():
             due = schedule.next_due(self._after)
-            if due is None or due.every_step or due.samples != math.inf:
+            if due is None or due.every_step or min(due.samples, due.time) != math.inf:
                 return None  # not all in steps: what `passed` could not tell them
             boundary = min(boundary, due.steps)
         if self.ended or self.owed:  # the next step begins an epoch, or runs what is owed

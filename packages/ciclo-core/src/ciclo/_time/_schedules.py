@@ -29,18 +29,19 @@ __all__ = [
 
 
 class Due(NamedTuple):
-    """When a schedule can fire next (:meth:`Schedule.next_due`): at ``steps``/``samples`` or
-    at every later step.
+    """When a schedule can fire next (:meth:`Schedule.next_due`): once the count reaches
+    ``steps``, ``samples`` or ``time`` (whichever comes first), or at every later step.
 
     Example:
         >>> import ciclo
         >>> ciclo.every(10).next_due(ciclo.Elapsed(steps=3, samples=96, time=0.0, date=0.0))
-        Due(steps=10, samples=inf, every_step=False)
+        Due(steps=10, samples=inf, every_step=False, time=inf)
     """
 
     steps: float = math.inf
     samples: float = math.inf
     every_step: bool = False
+    time: float = math.inf
 
 
 #: The plan of a schedule that fires at every later step.
@@ -180,10 +181,8 @@ class _Every(Schedule):
     def next_due(self, elapsed: Elapsed) -> Due | None:
         if self._each_step:
             return EVERY_STEP
-        if self.unit == "time":
-            return None
         boundary = self.offset + (self._index(getattr(elapsed, self.unit)) + 1) * self.period
-        return Due(steps=boundary) if self.unit == "steps" else Due(samples=boundary)
+        return Due(**{self.unit: boundary})
 
     def passed(self, elapsed: Elapsed) -> None:
         self._last = getattr(elapsed, self.unit)
@@ -223,11 +222,9 @@ class _After(Schedule):
         return bool(getattr(elapsed, self.unit) >= self.start)
 
     def next_due(self, elapsed: Elapsed) -> Due | None:
-        if self.unit == "time":
-            return None
         if getattr(elapsed, self.unit) >= self.start:
             return EVERY_STEP
-        return Due(steps=self.start) if self.unit == "steps" else Due(samples=self.start)
+        return Due(**{self.unit: self.start})
 
     def every(
         self, steps: int | None = None, *, samples: int | None = None, time: float | None = None
