@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from ._elapsed import Elapsed, Period, as_period
 from ._units import one_unit
@@ -182,7 +182,7 @@ class _Every(Schedule):
         if self._each_step:
             return EVERY_STEP
         boundary = self.offset + (self._index(getattr(elapsed, self.unit)) + 1) * self.period
-        return Due(**{self.unit: boundary})
+        return Due(**cast(dict[str, Any], {self.unit: boundary}))  # in its unit
 
     def passed(self, elapsed: Elapsed) -> None:
         self._last = getattr(elapsed, self.unit)
@@ -224,7 +224,7 @@ class _After(Schedule):
     def next_due(self, elapsed: Elapsed) -> Due | None:
         if getattr(elapsed, self.unit) >= self.start:
             return EVERY_STEP
-        return Due(**{self.unit: self.start})
+        return Due(**cast(dict[str, Any], {self.unit: self.start}))
 
     def every(
         self, steps: int | None = None, *, samples: int | None = None, time: float | None = None
