@@ -118,29 +118,35 @@ def test_planned_time_schedules_fire_what_asking_at_every_step_fires(schedules, 
     assert fired == expected
 
 
+class _Counting(ciclo.Schedule):
+    """``inner``, noting in ``calls`` each step at which the loop asks it."""
+
+    def __init__(self, inner, calls):
+        self.inner, self.calls = inner, calls
+
+    def __call__(self, elapsed):
+        self.calls.append(elapsed.steps)
+        return self.inner(elapsed)
+
+    def next_due(self, elapsed):
+        return self.inner.next_due(elapsed)
+
+
 def test_a_time_schedule_is_asked_only_when_its_time_is_due(monkeypatch):
     from ciclo._time import _elapsed
 
     calls, clock = [], [0.0]
     monkeypatch.setattr(_elapsed, "_time", types.SimpleNamespace(time=lambda: clock[0]))
 
-    class Counting(ciclo.Schedule):
-        def __init__(self):
-            self.inner = ciclo.every(time=1.0)
-
-        def __call__(self, elapsed):
-            calls.append(elapsed.steps)
-            return self.inner(elapsed)
-
-        def next_due(self, elapsed):
-            return self.inner.next_due(elapsed)
-
     ran = []
     clocked = _Clocked(clock, [1] * 10, [0.4] * 10)  # steps 0-9 counted at 0, 0.4, ... 3.6 s
     ciclo.loop(
         None,
         clocked,
-        {ciclo.every(1): lambda: None, Counting(): lambda state, batch, e: ran.append(e)},
+        {
+            ciclo.every(1): lambda: None,
+            _Counting(ciclo.every(time=1.0), calls): lambda state, batch, e: ran.append(e),
+        },
     )
     assert calls == [0, 3, 5, 8]  # at 0 s, then the first step at or past 1, 2 and 3 s
     assert [round(e.time, 6) for e in ran] == [0.0, 1.2, 2.0, 3.2]
@@ -149,19 +155,10 @@ def test_a_time_schedule_is_asked_only_when_its_time_is_due(monkeypatch):
 def test_every_1_is_not_asked_once_planned():
     calls = []
 
-    class Counting(ciclo.Schedule):
-        def __init__(self):
-            self.inner = ciclo.every(1)
-
-        def __call__(self, elapsed):
-            calls.append(elapsed.steps)
-            return self.inner(elapsed)
-
-        def next_due(self, elapsed):
-            return self.inner.next_due(elapsed)
-
     ran = []
-    ciclo.loop(None, range(10), {Counting(): lambda state, batch: ran.append(batch)})
+    ciclo.loop(
+        None, range(10), {_Counting(ciclo.every(1), calls): lambda state, batch: ran.append(batch)}
+    )
     assert ran == list(range(10))
     assert calls == [0]  # asked at the first step, then known to fire at every step
 
@@ -169,18 +166,11 @@ def test_every_1_is_not_asked_once_planned():
 def test_a_planned_every_n_is_asked_only_when_due():
     calls = []
 
-    class Counting(ciclo.Schedule):
-        def __init__(self):
-            self.inner = ciclo.every(4)
-
-        def __call__(self, elapsed):
-            calls.append(elapsed.steps)
-            return self.inner(elapsed)
-
-        def next_due(self, elapsed):
-            return self.inner.next_due(elapsed)
-
-    ciclo.loop(None, range(10), {ciclo.every(1): lambda: None, Counting(): lambda: None})
+    ciclo.loop(
+        None,
+        range(10),
+        {ciclo.every(1): lambda: None, _Counting(ciclo.every(4), calls): lambda: None},
+    )
     assert calls == [0, 4, 8]
 
 
