@@ -24,7 +24,22 @@ def _schedules():
     after_samples = st.integers(0, 60).map(lambda n: ciclo.after(samples=n))
     constant = st.sampled_from([ciclo.always, ciclo.never]).map(lambda make: make())
     asked = st.integers(1, 5).map(lambda n: lambda e, n=n: e.steps % n == 1)  # not planned
-    return st.one_of(every_steps, every_samples, after, after_samples, constant, asked)
+    every_1 = st.just(None).map(lambda _: ciclo.every(1))
+    return _with_combinations(
+        st.one_of(every_steps, every_samples, after, after_samples, constant, asked, every_1)
+    )
+
+
+def _with_combinations(schedules):
+    """``schedules``, and ``&`` and ``|`` of two (planned when both parts are)."""
+    pairs = st.tuples(schedules, schedules, st.booleans()).map(
+        lambda a: (
+            ciclo._time._schedules.as_schedule(a[0]) | a[1]
+            if a[2]
+            else ciclo._time._schedules.as_schedule(a[0]) & a[1]
+        )
+    )
+    return st.one_of(schedules, pairs)
 
 
 def _fired_by_asking(make_schedules, sizes):
@@ -71,7 +86,7 @@ def _time_schedules():
     after_every = st.tuples(st.sampled_from([0.05, 0.3]), st.sampled_from([0.04, 0.2])).map(
         lambda a: ciclo.after(time=a[0]).every(time=a[1])
     )
-    return st.one_of(every, after, after_every, _schedules())
+    return _with_combinations(st.one_of(every, after, after_every, _schedules()))
 
 
 class _Clocked:
@@ -176,14 +191,20 @@ def test_a_planned_every_n_is_asked_only_when_due():
 
 def test_skipped_schedules_are_caught_up_before_a_checkpoint_reads_them():
     seen = {}
-    every_3 = ciclo.every(3)
+    every_3, combined = ciclo.every(3), ciclo.every(4) | ciclo.every(samples=5)
 
     def look(state, batch, elapsed, loop_state):
-        loop_state.at_step_end(lambda ls: seen.setdefault(ls.elapsed.steps, every_3.state_dict()))
+        def keep(ls):
+            seen[ls.elapsed.steps] = [every_3.state_dict(), *combined.state_dict()["children"]]
 
-    ciclo.loop(None, range(8), {ciclo.every(1): look, every_3: lambda: None})
-    # at the end of step k, every(3) remembers step k as if it had been asked there
-    assert {steps: state["last"] for steps, state in seen.items()} == {k + 1: k for k in range(8)}
+        loop_state.at_step_end(keep)
+
+    tasks = {ciclo.every(1): look, every_3: lambda: None, combined: lambda: None}
+    ciclo.loop(None, [np.zeros((2, 1))] * 8, tasks)
+    # at the end of step k, each schedule (each part of `|`) remembers step k's count as if
+    # it had been asked there
+    remembered = {steps: [state["last"] for state in states] for steps, states in seen.items()}
+    assert remembered == {k + 1: [k, k, 2 * k] for k in range(8)}
 
 
 def test_the_same_tasks_run_a_second_loop_from_zero():

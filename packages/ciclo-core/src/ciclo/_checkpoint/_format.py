@@ -75,9 +75,7 @@ def checkpoint_path(directory: str | os.PathLike[str]) -> str:
         ) from None
     if not isinstance(text, str):
         text = os.fsdecode(text)
-    if "://" in text:
-        return text
-    return os.path.abspath(os.path.expanduser(text))
+    return text if "://" in text else os.path.abspath(os.path.expanduser(text))
 
 
 class _BestMonitored:

@@ -2,12 +2,12 @@
 is already known.
 
 A schedule that can say when it fires next (:meth:`ciclo.Schedule.next_due`: step, sample
-and time schedules, ``always``, ``never``) is asked only once its count is due; one that
-fires at every step (``every(1)``) is not asked at all. So a step where nothing but the
-step function fires costs one comparison: :attr:`TaskPlan.next_steps`,
+and time schedules, ``always``, ``never``, ``&`` and ``|`` of those) is asked only once its
+count is due; one that fires at every step (``every(1)``) is not asked at all. So a step
+where nothing but the step function fires costs one comparison: :attr:`TaskPlan.next_steps`,
 :attr:`TaskPlan.next_samples` and :attr:`TaskPlan.next_time` against the count, then
-:attr:`TaskPlan.steady`. Other schedules (functions, combinations) are asked at every
-step, in order, each after the callbacks of the tasks before it ran.
+:attr:`TaskPlan.steady`. Other schedules (functions, ``~``) are asked at every step, in
+order, each after the callbacks of the tasks before it ran.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterator, Sequence
 
 from .._time._elapsed import Elapsed
-from .._time._schedules import Due, Schedule
+from .._time._schedules import NOT_AGAIN, Due, Schedule
 from ._callback import Callback
 
 __all__ = ["TaskPlan"]
@@ -93,10 +93,8 @@ class TaskPlan:
         if any(task.mode == _ASK for task in self.tasks):
             self.next_steps = self.next_samples = self.next_time = -math.inf
             return
-        planned = [task.due for task in self.tasks if task.mode == _PLANNED]
-        self.next_steps = min((due.steps for due in planned), default=math.inf)
-        self.next_samples = min((due.samples for due in planned), default=math.inf)
-        self.next_time = min((due.time for due in planned), default=math.inf)
+        planned = [NOT_AGAIN, *(task.due for task in self.tasks if task.mode == _PLANNED)]
+        self.next_steps, self.next_samples, _, self.next_time = map(min, zip(*planned, strict=True))
         self.steady = [c for task in self.tasks if task.mode == _EVERY_STEP for c in task.callbacks]
 
     def catch_up(self, elapsed: Elapsed) -> None:

@@ -58,9 +58,7 @@ class _StateMethod:
 def _state_hook(state: Any, method: str) -> Any:
     """The state's step method: a managed step (a class-level loop callback) as it is."""
     attribute = getattr(type(state), method, None)
-    if isinstance(attribute, LoopCallback):
-        return attribute
-    return _StateMethod(method)
+    return attribute if isinstance(attribute, LoopCallback) else _StateMethod(method)
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -67,6 +67,4 @@ class Adapter:
 
     def factory(self, name: str) -> Callable[..., Any] | None:
         """The factory called ``name`` (``"create_state"`` or one of :attr:`factories`)."""
-        if name == "create_state":
-            return self.create_state
-        return self.factories.get(name)
+        return self.create_state if name == "create_state" else self.factories.get(name)

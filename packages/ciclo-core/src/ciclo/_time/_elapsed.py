@@ -73,25 +73,17 @@ class Elapsed:
         return new
 
     def __ge__(self, other: object) -> bool:
-        if isinstance(other, Period):
-            return other.reached_by(self)
-        return NotImplemented
+        return other.reached_by(self) if isinstance(other, Period) else NotImplemented
 
     def __lt__(self, other: object) -> bool:
-        if isinstance(other, Period):
-            return not other.reached_by(self)
-        return NotImplemented
+        return not other.reached_by(self) if isinstance(other, Period) else NotImplemented
 
     # The original ciclo's comparisons with a Period: true when any of its fields holds.
     def __le__(self, other: object) -> bool:
-        if isinstance(other, Period):
-            return other.any_field(self, operator.le)
-        return NotImplemented
+        return other.any_field(self, operator.le) if isinstance(other, Period) else NotImplemented
 
     def __gt__(self, other: object) -> bool:
-        if isinstance(other, Period):
-            return other.any_field(self, operator.gt)
-        return NotImplemented
+        return other.any_field(self, operator.gt) if isinstance(other, Period) else NotImplemented
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Period):

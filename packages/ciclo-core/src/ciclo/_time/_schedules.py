@@ -133,6 +133,22 @@ class _Combined(Schedule):
     def __call__(self, elapsed: Elapsed) -> bool:
         return self.reduce([part(elapsed) for part in self.parts])
 
+    def next_due(self, elapsed: Elapsed) -> Due | None:
+        # The first count at which a part can fire; a part firing at every step makes `|` do
+        # so too, and leaves `&` to the other parts.
+        dues = [due for part in self.parts if (due := part.next_due(elapsed)) is not None]
+        rest = [due for due in dues if not due.every_step]
+        if len(dues) < len(self.parts):
+            return None
+        if not rest or (len(rest) < len(dues) and self.reduce is any):
+            return EVERY_STEP
+        steps, samples, _, time = map(min, zip(*rest, strict=True))
+        return Due(steps=steps, samples=samples, time=time)
+
+    def passed(self, elapsed: Elapsed) -> None:
+        for part in self.parts:
+            part.passed(elapsed)
+
     def children(self) -> tuple[Schedule, ...]:
         return self.parts
 
