@@ -1,6 +1,6 @@
-"""train_loop's epoch clock plans when all its periods are in steps: the loop asks it only at
-the steps where something can happen, and everything fires at the steps it fires at when the
-clock is asked at every step."""
+"""train_loop's epoch clock plans when all its periods are in steps or passes: the loop asks
+it only at the steps where something can happen (a pass's end wakes it), and everything fires
+at the steps it fires at when the clock is asked at every step."""
 
 from __future__ import annotations
 
@@ -24,7 +24,13 @@ def eval_step(state, batch):
     return ciclo.logs().add_metric("score", (state * batch.mean()).sum())
 
 
-def events(directory=None, stop=None, resume=False, **options):
+def passes_of(*lengths):
+    """A function giving passes of these lengths, one per call, with no ``len()``."""
+    calls = iter(lengths)
+    return lambda: (batch for batch in BATCHES[: next(calls)])
+
+
+def events(directory=None, stop=None, resume=False, dataset=BATCHES, step=train_step, **options):
     """What fired at which step, and how many steps the clock decided."""
     seen: list[tuple[str, int]] = []
     decided: list[int] = []
@@ -39,7 +45,7 @@ def events(directory=None, stop=None, resume=False, **options):
         return lambda state, batch, elapsed: seen.append((name, elapsed.steps))
 
     tasks = {
-        ciclo.on_train_step: train_step,
+        ciclo.on_train_step: step,
         ciclo.on_test_step: eval_step,
         ciclo.on_epoch_begin: note("begin"),
         ciclo.on_epoch_end: note("end"),
@@ -50,7 +56,7 @@ def events(directory=None, stop=None, resume=False, **options):
         patch.setattr(_clock.EpochClock, "decide", counting)
         _, history, elapsed = ciclo.train_loop(
             np.zeros(1, np.float32),
-            BATCHES,
+            dataset,
             tasks,
             test_dataset={"a": lambda: BATCHES[:1], "b": lambda: BATCHES[:2]},
             stop=stop,
@@ -90,6 +96,32 @@ def test_a_planned_clock_fires_where_an_asked_one_does(monkeypatch, options, epo
     tests = set(range(test, steps + 1, test)) if test else set()
     expected = {0} | {b - 1 for b in ends | tests} | {b for b in ends if b < steps}
     assert planned[3] == sorted(expected)
+
+
+@pytest.mark.parametrize("test", [None, 4], ids=["tests_follow_passes", "a_test_every_4"])
+def test_passes_of_unknown_length_wake_the_planned_clock_where_they_end(monkeypatch, test):
+    lengths = (5, 3, 7)
+    every = {"a": test, "b": None}
+    planned = events(dataset=passes_of(*lengths), epochs=3, test_every=every)
+    asked_at_every_step(monkeypatch)
+    asked = events(dataset=passes_of(*lengths), epochs=3, test_every=every)
+    assert planned[:3] == asked[:3]
+    assert [s for name, s in planned[0] if name == "end"] == [4, 7, 14]
+    assert asked[3] == list(range(15))
+    # Planned: the first step, each pass's last step (woken), the step after it (it begins
+    # the next pass) and the step whose count after it reaches a multiple of 4.
+    fours = {b - 1 for b in range(4, 16, 4)} if test else set()
+    assert planned[3] == sorted({0, 4, 5, 7, 8, 14} | fours)
+
+
+def test_a_fused_step_ends_its_groups_where_the_passes_end():
+    """The groups of a fused step end at each pass's last step, as woken: the epoch ends
+    and the evaluations after them see the state of that step."""
+    fused = ciclo.fuse_steps(train_step, 4)
+    planned = events(dataset=passes_of(5, 3, 7), epochs=3, step=fused)
+    unfused = events(dataset=passes_of(5, 3, 7), epochs=3)
+    assert planned[:3] == unfused[:3]
+    assert planned[1]["a"] == [4, 7, 14]
 
 
 def test_periods_in_samples_are_asked_at_every_step():

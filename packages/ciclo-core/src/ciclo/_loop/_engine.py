@@ -56,6 +56,7 @@ def run(
     by the outermost loop that holds it: each batch drawn and each step done is marked.
     """
     plan = TaskPlan(tasks)
+    loop_state._wake_plan = plan.wake  # an event no count foretells (train_loop's pass ends)
     in_flight = InFlight(max_steps_in_flight)
     fusing = any(
         callback.fusable and steps_per_call(callback.fn, loop_state) > 1

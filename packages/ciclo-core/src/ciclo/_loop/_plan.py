@@ -22,14 +22,14 @@ from ._callback import Callback
 __all__ = ["TaskPlan"]
 
 _ASK, _PLANNED, _EVERY_STEP = 0, 1, 2
+_NOW = Due(-math.inf, -math.inf, False, -math.inf)  # ask at the next step
 
 
 class _Task:
     __slots__ = ("callbacks", "due", "mode", "schedule")
 
     def __init__(self, schedule: Schedule, callbacks: list[Callback], mode: int) -> None:
-        self.schedule, self.callbacks, self.mode = schedule, callbacks, mode
-        self.due = Due(-math.inf, -math.inf, False, -math.inf)  # asked at the first step
+        self.schedule, self.callbacks, self.mode, self.due = schedule, callbacks, mode, _NOW
 
 
 class TaskPlan:
@@ -96,6 +96,12 @@ class TaskPlan:
         planned = [NOT_AGAIN, *(task.due for task in self.tasks if task.mode == _PLANNED)]
         self.next_steps, self.next_samples, _, self.next_time = map(min, zip(*planned, strict=True))
         self.steady = [c for task in self.tasks if task.mode == _EVERY_STEP for c in task.callbacks]
+
+    def wake(self) -> None:
+        """Asks every schedule at the next step (an event no count foretells: a pass's end)."""
+        for task in self.tasks:
+            task.due = _NOW
+        self.next_steps = -math.inf
 
     def catch_up(self, elapsed: Elapsed) -> None:
         """Tells the schedules the plan did not ask that the loop went past ``elapsed``

@@ -182,6 +182,7 @@ class LoopState:
         "_reason",
         "_step_end",
         "_stop",
+        "_wake_plan",
         "batch",
         "batch_size_fn",
         "elapsed",
@@ -231,6 +232,7 @@ class LoopState:
         self._accumulated = Logs()  # what came before this loop's rows (a resume's logs)
         self._first_row = len(history)  # this loop's first row of history
         self._step_end: list[Callable[[LoopState], None]] = []
+        self._wake_plan: Callable[[], None] = lambda: None  # the engine's TaskPlan.wake
 
     # --- stopping --------------------------------------------------------------------------
     def request_stop(

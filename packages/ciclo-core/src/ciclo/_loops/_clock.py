@@ -34,9 +34,9 @@ class EpochClock:
     checkpoints): being schedules rather than callbacks, they do not split a fused group
     of steps. Whichever of them the loop asks first at a step makes the step's decision
     (from the ``loop_state`` that the :attr:`bind` hook attaches in ``on_start``); the others read
-    it, so the order in which they are asked does not matter. When every period is in steps,
-    they plan (:meth:`next_due`): between two boundaries nothing happens, and the loop does
-    not ask them.
+    it, so the order in which they are asked does not matter. When every period is in steps
+    or passes, they plan (:meth:`next_due`): between two boundaries nothing happens, and the
+    loop does not ask them (a pass's end, which no count foretells, wakes it).
 
     Args:
         epoch: the epoch's ``(unit, amount)`` (see ``_time._periods.period_unit``), a
@@ -65,6 +65,8 @@ class EpochClock:
     ) -> None:
         self.epoch = epoch
         self._epoch_schedule = epoch if isinstance(epoch, PassEnds) else _every(epoch)
+        if isinstance(epoch, PassEnds):  # a pass's end wakes the loop's plan: it asks the clock
+            epoch.passes.on_last = lambda: self._loop_state and self._loop_state._wake_plan()
         self._test_schedules = {name: _every(test) for name, test in tests.items()}
         self.first = True  # no step decided yet in this run
         self.begun = self.ended = False  # the decided step begins / ends an epoch
@@ -120,7 +122,7 @@ class EpochClock:
         """When the decision can next be other than "nothing happens", asked right after a
         decision: the next step, when this one ended an epoch (the next begins one); else the
         step whose count after it reaches the next boundary of a period, when all are in
-        steps (``None``, ask at every step, when one is not: samples, time, passes).
+        steps or passes (``None``, ask at every step, when one is not: samples, time).
 
         Example:
             >>> import ciclo

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, overload
 
 from .._time._elapsed import Elapsed
-from .._time._schedules import Schedule
+from .._time._schedules import NOT_AGAIN, Due, Schedule
 
 __all__ = ["Passes", "SequencePasses", "epochs_dataset"]
 
@@ -44,7 +44,7 @@ class Passes(Iterable[Any]):
         self.make, self.epochs = make, epochs
         self._first = first  # the first epoch's data, made when the length was read
         self.first_of_pass = self.last_of_pass = False
-        self.length: int | None = None  # batches in a pass, once one has ended
+        self.on_last: Callable[[], object] = lambda: None  # called as a pass's last batch comes
 
     def __iter__(self) -> Iterator[Any]:
         for _ in range(self.epochs):
@@ -54,21 +54,16 @@ class Passes(Iterable[Any]):
                 ahead = next(batches)
             except StopIteration:
                 return  # an empty pass: the data ran out
-            count = 0
-            while True:
+            first, last = True, False
+            while not last:
                 batch = ahead
                 try:
                     ahead = next(batches)
-                    last = False
                 except StopIteration:
                     last = True
-                self.first_of_pass, self.last_of_pass = count == 0, last
-                count += 1
+                    self.on_last()
+                self.first_of_pass, self.last_of_pass, first = first, last, False
                 yield batch
-                if last:
-                    break
-            if self.length is None:
-                self.length = count
 
     def __repr__(self) -> str:
         return f"<train_loop's {self.epochs} epochs over {self.make!r}>"
@@ -104,13 +99,17 @@ class SequencePasses(Sequence[Any]):
 
 
 class PassEnds(Schedule):
-    """Fires at the last batch of each pass of :class:`Passes` (an epoch of unknown length)."""
+    """Fires at the last batch of each pass of :class:`Passes` (an epoch of unknown length);
+    no count foretells it, so the plan asks it only when ``Passes.on_last`` wakes the loop."""
 
     def __init__(self, passes: Passes) -> None:
         self.passes = passes
 
     def __call__(self, elapsed: Elapsed) -> bool:
         return self.passes.last_of_pass
+
+    def next_due(self, elapsed: Elapsed) -> Due:
+        return NOT_AGAIN
 
     def begins(self) -> bool:
         """Whether the current batch begins a pass."""

@@ -95,13 +95,9 @@ class _Column:
         values = self.values if self.values is not None else []
         if self.rows is None:
             i = row - self.start
-            if 0 <= i < len(values):
-                return True, values[i]
-            return False, None
+            return (True, values[i]) if 0 <= i < len(values) else (False, None)
         i = int(np.searchsorted(self.row_indices(), row))
-        if i < len(self.rows) and self.rows[i] == row:
-            return True, values[i]
-        return False, None
+        return (True, values[i]) if i < len(self.rows) and self.rows[i] == row else (False, None)
 
 
 def _expand_blocks(values: list[Any], positions: list[int]) -> list[Any]:

@@ -198,9 +198,7 @@ def requested_extras(fn: Callable[..., Any]) -> tuple[str, ...]:
         ()
     """
     parameters = _parameters(fn)
-    if parameters is None:
-        return ()
-    return tuple(name for name in EXTRAS if name in parameters)
+    return () if parameters is None else tuple(name for name in EXTRAS if name in parameters)
 
 
 def training_kwargs(training_arg: str | None, training: bool) -> dict[str, bool]:

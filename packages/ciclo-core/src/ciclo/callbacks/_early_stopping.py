@@ -188,9 +188,7 @@ class EarlyStopping(LoopCallbackBase):
             return True
         relative = self.min_delta_mode == "rel" and math.isfinite(reference)
         delta = self.min_delta * abs(reference) if relative else self.min_delta
-        if self.mode == "min":
-            return value < reference - delta
-        return value > reference + delta
+        return value < reference - delta if self.mode == "min" else value > reference + delta
 
     def _patience_over(self, now: Elapsed) -> bool:
         if isinstance(self.patience, Period):

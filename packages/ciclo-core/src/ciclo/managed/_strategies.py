@@ -242,9 +242,7 @@ def broadcast_placer(replicated: jax.sharding.Sharding) -> Callable[[Any], Any]:
     on one process (``jit`` moves them), global arrays on several."""
 
     def place_broadcasts(broadcasts: Any) -> Any:
-        if jax.process_count() == 1:
-            return broadcasts
-        return put_global(broadcasts, replicated)
+        return broadcasts if jax.process_count() == 1 else put_global(broadcasts, replicated)
 
     return place_broadcasts
 
