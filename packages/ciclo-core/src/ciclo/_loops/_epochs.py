@@ -7,6 +7,7 @@ returning a fresh dataset per epoch; without ``len()``, an epoch ends where a pa
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain, repeat
 from typing import Any, overload
 
 from .._time._elapsed import Elapsed
@@ -83,6 +84,10 @@ class SequencePasses(Sequence[Any]):
     def __len__(self) -> int:
         return self.length * self.epochs
 
+    def __iter__(self) -> Iterator[Any]:  # by index, with no Python call per batch
+        indices = chain.from_iterable(repeat(range(self.length), self.epochs))
+        return map(self.data.__getitem__, indices)
+
     @overload
     def __getitem__(self, index: int) -> Any: ...
     @overload
@@ -99,8 +104,7 @@ class SequencePasses(Sequence[Any]):
 
 
 class PassEnds(Schedule):
-    """Fires at the last batch of each pass of :class:`Passes` (an epoch of unknown length);
-    no count foretells it, so the plan asks it only when ``Passes.on_last`` wakes the loop."""
+    """Fires at each pass's last batch (an epoch's end), where ``Passes.on_last`` wakes the plan."""
 
     def __init__(self, passes: Passes) -> None:
         self.passes = passes

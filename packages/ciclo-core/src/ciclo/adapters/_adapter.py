@@ -275,9 +275,7 @@ class AdapterState(ManagedState):
             training=training,
             key=self._step_key(),
         )
-        if dtype is None:
-            return applied
-        return (to_float32(applied[0]), *applied[1:])
+        return applied if dtype is None else (to_float32(applied[0]), *applied[1:])
 
     def _evaluate(self: S, batch: Batch, *, training: bool, step: str) -> tuple[Logs, S]:
         applied = self._predictions(batch.inputs, training=training)

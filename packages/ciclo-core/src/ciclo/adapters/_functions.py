@@ -129,9 +129,7 @@ def _per_example(values: jax.Array, kind: str, name: str) -> jax.Array:
         dtype = jnp.dtype(jnp.float32)
     if values.dtype != dtype:
         values = values.astype(dtype)
-    if values.ndim == 1:
-        return values
-    return values.reshape(values.shape[0], -1).mean(axis=1)
+    return values if values.ndim == 1 else values.reshape(values.shape[0], -1).mean(axis=1)
 
 
 def _checked_weights(sample_weight: Any, values: jax.Array, kind: str, name: str) -> jax.Array:
