@@ -100,18 +100,20 @@ def test_a_planned_clock_fires_where_an_asked_one_does(monkeypatch, options, epo
 
 @pytest.mark.parametrize("test", [None, 4], ids=["tests_follow_passes", "a_test_every_4"])
 def test_passes_of_unknown_length_wake_the_planned_clock_where_they_end(monkeypatch, test):
-    lengths = (5, 3, 7)
+    lengths = (5, 1, 3, 7)  # a pass of one batch both begins and ends an epoch
     every = {"a": test, "b": None}
-    planned = events(dataset=passes_of(*lengths), epochs=3, test_every=every)
+    planned = events(dataset=passes_of(*lengths), epochs=4, test_every=every)
     asked_at_every_step(monkeypatch)
-    asked = events(dataset=passes_of(*lengths), epochs=3, test_every=every)
+    asked = events(dataset=passes_of(*lengths), epochs=4, test_every=every)
     assert planned[:3] == asked[:3]
-    assert [s for name, s in planned[0] if name == "end"] == [4, 7, 14]
-    assert asked[3] == list(range(15))
+    ends = [4, 5, 8, 15]  # each pass's last step
+    assert [s for name, s in planned[0] if name == "end"] == ends
+    assert [s for name, s in planned[0] if name == "begin"] == [0, 5, 6, 9]
+    assert asked[3] == list(range(16))
     # Planned: the first step, each pass's last step (woken), the step after it (it begins
     # the next pass) and the step whose count after it reaches a multiple of 4.
-    fours = {b - 1 for b in range(4, 16, 4)} if test else set()
-    assert planned[3] == sorted({0, 4, 5, 7, 8, 14} | fours)
+    fours = {b - 1 for b in range(4, 17, 4)} if test else set()
+    assert planned[3] == sorted({0} | set(ends) | {e + 1 for e in ends[:-1]} | fours)
 
 
 def test_a_fused_step_ends_its_groups_where_the_passes_end():
